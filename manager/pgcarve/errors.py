@@ -1,0 +1,47 @@
+"""pgcarve's own exceptions.
+
+Every error raised to a user is a PgcarveError whose message says what happened in operator
+terms (what, where, the limit). libvirt and PostgreSQL errors are translated into these at the
+boundary of the module that talks to them; the CLI and the API map the categories to exit codes
+and HTTP statuses in one place each.
+"""
+
+
+class PgcarveError(Exception):
+    """Base class: the message is meant for an operator."""
+
+
+class ConfigError(PgcarveError):
+    """A configuration file or value is invalid."""
+
+
+class CapacityError(PgcarveError):
+    """A request needs more CPUs or memory than a host has free."""
+
+
+class HostUnreachable(PgcarveError):
+    """A libvirt host could not be reached at its URI."""
+
+
+class LibvirtFailure(PgcarveError):
+    """libvirt refused or failed an operation on a reachable host."""
+
+
+class ImageMissing(PgcarveError):
+    """The guest image has not been built."""
+
+
+class NotFound(PgcarveError):
+    """A named instance, host or operation does not exist."""
+
+
+class Conflict(PgcarveError):
+    """The request conflicts with work in progress (e.g. another scale operation)."""
+
+
+class GuestNotReady(PgcarveError):
+    """A guest did not reach the expected state (booted, accepting SQL) in time."""
+
+
+class SandboxError(PgcarveError):
+    """The local sandbox could not be started, used or stopped."""
