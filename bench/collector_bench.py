@@ -1,0 +1,397 @@
+#!/usr/bin/env python3
+"""Measure what the pgcarve collector costs, against real PostgreSQL 15 servers on 127.0.0.1.
+
+Two measurements, printed as one JSON document on stdout (progress goes to stderr):
+
+* ``poll``: start ``--instances`` servers (default 64; 16MB shared_buffers, max_connections 10),
+  poll them at 1 Hz for ``--seconds`` (default 30) and report the collector process's CPU as %
+  of one core, the p50/p99 duration of a poll round, and the CPU the servers' collector
+  backends used.
+* ``cost``: run pgbench (insert-only, 2 clients) on one server with and without the collector
+  polling at 1 Hz, alternating ``--cost-rounds`` times, and report the TPS difference in %.
+
+Every server is stopped by its postmaster PID on the way out, whatever happens. Run as root or
+as a user that may run PostgreSQL (as root the servers run as the ``postgres`` user).
+
+    PYTHONPATH=manager .venv/bin/python bench/collector_bench.py --mode both
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import re
+import shutil
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import psycopg
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "manager"))
+
+from pgcarve.collector import Collector, Target
+from pgcarve.rates import RateTracker, Snapshot
+
+PG_BIN = Path("/usr/lib/postgresql/15/bin")
+PGBENCH = shutil.which("pgbench") or str(PG_BIN / "pgbench")
+INSERT_SCRIPT = "insert into test(info) values (null);\n"
+# Throwaway servers: durability off and no autovacuum, so A/B runs differ only by the collector.
+SERVER_SETTINGS = (
+    "listen_addresses=127.0.0.1",
+    "unix_socket_directories=",
+    "shared_preload_libraries=pg_stat_statements",
+    "shared_buffers=16MB",
+    "max_connections=10",
+    "fsync=off",
+    "synchronous_commit=off",
+    "full_page_writes=off",
+    "autovacuum=off",
+)
+# Budget per idle server (16MB shared buffers, wal buffers, ~7 processes) for the memory check.
+EST_MB_PER_SERVER = 64
+
+
+def log(msg: str) -> None:
+    """Progress on stderr, so stdout stays one JSON document."""
+    print(f"[collector_bench] {msg}", file=sys.stderr, flush=True)
+
+
+def _as_postgres() -> dict[str, Any]:
+    """initdb and postgres refuse to run as root: drop to the postgres user when we are root."""
+    if os.geteuid() != 0:
+        return {}
+    return {"user": "postgres", "group": "postgres", "extra_groups": []}
+
+
+def _mem_available_mb() -> float:
+    with open("/proc/meminfo") as f:
+        for line in f:
+            if line.startswith("MemAvailable:"):
+                return int(line.split()[1]) / 1024
+    raise RuntimeError("no MemAvailable in /proc/meminfo")
+
+
+def _free_ports(count: int) -> list[int]:
+    """Ports free right now on 127.0.0.1 (all held open together so they are distinct)."""
+    socks = []
+    try:
+        for _ in range(count):
+            sock = socket.socket()
+            sock.bind(("127.0.0.1", 0))
+            socks.append(sock)
+        return [s.getsockname()[1] for s in socks]
+    finally:
+        for s in socks:
+            s.close()
+
+
+@dataclass
+class Server:
+    """One postmaster started by this script."""
+
+    name: str
+    datadir: Path
+    port: int
+    proc: subprocess.Popen[bytes] | None = None
+
+    @property
+    def dsn(self) -> str:
+        return f"host=127.0.0.1 port={self.port} user=postgres dbname=postgres connect_timeout=5"
+
+    def start(self) -> None:
+        args = [str(PG_BIN / "postgres"), "-D", str(self.datadir), "-p", str(self.port)]
+        for setting in SERVER_SETTINGS:
+            args += ["-c", setting]
+        with open(self.datadir.parent / f"{self.name}.log", "ab") as logf:
+            self.proc = subprocess.Popen(args, stdout=logf, stderr=subprocess.STDOUT, **_as_postgres())
+
+    def wait_ready(self, deadline: float) -> None:
+        while True:
+            assert self.proc is not None
+            if self.proc.poll() is not None:
+                tail = (self.datadir.parent / f"{self.name}.log").read_text(errors="replace")[-2000:]
+                raise RuntimeError(f"postgres {self.name} exited: {tail}")
+            try:
+                with psycopg.connect(self.dsn, autocommit=True) as conn:
+                    conn.execute("select 1")
+                    return
+            except psycopg.OperationalError:
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(0.05)
+
+    def signal_stop(self) -> None:
+        """Ask for a fast shutdown by postmaster PID (SIGINT)."""
+        if self.proc is not None and self.proc.poll() is None:
+            os.kill(self.proc.pid, signal.SIGINT)
+
+    def wait_stopped(self) -> None:
+        proc, self.proc = self.proc, None
+        if proc is None:
+            return
+        for sig, wait in ((None, 30.0), (signal.SIGQUIT, 5.0), (signal.SIGKILL, 5.0)):
+            if sig is not None and proc.poll() is None:
+                os.kill(proc.pid, sig)
+            try:
+                proc.wait(wait)
+                return
+            except subprocess.TimeoutExpired:
+                continue
+
+    def backend_pids(self) -> list[int]:
+        """Client backends of this postmaster (its children titled with a 127.0.0.1 peer)."""
+        if self.proc is None:
+            return []
+        pids = []
+        children = Path(f"/proc/{self.proc.pid}/task/{self.proc.pid}/children").read_text().split()
+        for pid in children:
+            try:
+                title = Path(f"/proc/{pid}/cmdline").read_bytes()
+            except OSError:
+                continue
+            if b"127.0.0.1(" in title:
+                pids.append(int(pid))
+        return pids
+
+
+def _cpu_seconds(pids: list[int]) -> float:
+    """utime + stime of processes, from /proc/PID/stat."""
+    tick = os.sysconf("SC_CLK_TCK")
+    total = 0.0
+    for pid in pids:
+        try:
+            fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        total += (int(fields[11]) + int(fields[12])) / tick
+    return total
+
+
+def _run_pg(*args: str) -> None:
+    subprocess.run(args, check=True, capture_output=True, **_as_postgres())
+
+
+@contextmanager
+def servers(count: int, base: Path) -> Iterator[list[Server]]:
+    """Start ``count`` servers cloned from one template cluster; stop them all on exit."""
+    started: list[Server] = []
+    try:
+        template = Server("template", base / "template", _free_ports(1)[0])
+        _run_pg(
+            str(PG_BIN / "initdb"), "-D", str(template.datadir), "-A", "trust", "-U", "postgres",
+            "-N", "-E", "UTF8", "--locale=C.UTF-8",
+        )  # fmt: skip
+        started.append(template)
+        template.start()
+        template.wait_ready(time.monotonic() + 60)
+        with psycopg.connect(template.dsn, autocommit=True) as conn:
+            conn.execute("create extension pg_stat_statements")
+            conn.execute("create table test(id serial primary key, info text, crt_time timestamp)")
+        template.signal_stop()
+        template.wait_stopped()
+        started.clear()
+        ports = _free_ports(count)
+        for i, port in enumerate(ports):
+            srv = Server(f"pg{i:03d}", base / f"pg{i:03d}", port)
+            # A copy of a cleanly stopped cluster is a new cluster: much cheaper than initdb.
+            _run_pg("cp", "-a", str(template.datadir), str(srv.datadir))
+            started.append(srv)
+            srv.start()
+        deadline = time.monotonic() + 120
+        for srv in started:
+            srv.wait_ready(deadline)
+        yield started
+    finally:
+        for srv in started:
+            srv.signal_stop()
+        for srv in started:
+            srv.wait_stopped()
+
+
+class TimedCollector(Collector):
+    """Collector that records how long each poll round takes."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.round_s: list[float] = []
+
+    async def poll_once(self) -> Snapshot:
+        t0 = time.perf_counter()
+        snap = await super().poll_once()
+        self.round_s.append(time.perf_counter() - t0)
+        return snap
+
+
+def _percentile(values: list[float], q: float) -> float:
+    """Nearest-rank percentile (q in 0..100)."""
+    ordered = sorted(values)
+    rank = max(1, min(len(ordered), round(q / 100 * len(ordered) + 0.5)))
+    return ordered[rank - 1]
+
+
+async def measure_poll(srvs: list[Server], seconds: float) -> dict[str, Any]:
+    targets = [Target(s.name, f"127.0.0.1:{s.port}", s.dsn) for s in srvs]
+    col = TimedCollector(lambda: targets, RateTracker(), interval_s=1.0)
+    try:
+        await col.poll_once()  # connects every target; not part of the steady state
+        connect_round_s = col.round_s[0]
+        col.round_s.clear()
+        backends = [pid for s in srvs for pid in s.backend_pids()]
+        server_cpu0 = _cpu_seconds(backends)
+        cpu0, wall0 = time.process_time(), time.monotonic()
+        stop = asyncio.Event()
+        asyncio.get_running_loop().call_later(seconds, stop.set)
+        await col.run(stop)
+        cpu1, wall1 = time.process_time(), time.monotonic()
+        server_cpu1 = _cpu_seconds(backends)
+        errors = dict(col.last_errors())
+        last = col.tracker.history(1)[-1]
+    finally:
+        await col.aclose()
+    wall = wall1 - wall0
+    rounds = [r * 1000 for r in col.round_s]
+    return {
+        "instances": len(srvs),
+        "seconds": round(wall, 2),
+        "rounds": len(rounds),
+        "collector_cpu_pct_of_one_core": round(100 * (cpu1 - cpu0) / wall, 2),
+        "collector_cpu_ms_per_instance_poll": round(1000 * (cpu1 - cpu0) / max(1, len(rounds) * len(srvs)), 3),
+        "round_ms_p50": round(_percentile(rounds, 50), 2),
+        "round_ms_p99": round(_percentile(rounds, 99), 2),
+        "round_ms_max": round(max(rounds), 2),
+        "connect_round_ms": round(connect_round_s * 1000, 1),
+        "server_backends_cpu_pct_of_one_core": round(100 * (server_cpu1 - server_cpu0) / wall, 2),
+        "errors": errors,
+        "instances_with_rate": sum(r.has_rate for r in last.instances.values()),
+        "idle_aggregate_tps": round(last.aggregate_tps, 3),
+        "idle_aggregate_qps": round(last.aggregate_qps, 3),
+    }
+
+
+async def _pgbench(srv: Server, script: Path, seconds: int) -> float:
+    proc = await asyncio.create_subprocess_exec(
+        PGBENCH, "-h", "127.0.0.1", "-p", str(srv.port), "-U", "postgres", "-M", "prepared", "-n",
+        "-c", "2", "-j", "2", "-T", str(seconds), "-f", str(script), "postgres",
+        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+    )  # fmt: skip
+    out, err = await proc.communicate()
+    if proc.returncode != 0:
+        raise RuntimeError(f"pgbench failed: {err.decode(errors='replace')[-2000:]}")
+    match = re.search(r"tps = ([0-9.]+) \(without initial connection time\)", out.decode())
+    if not match:
+        raise RuntimeError(f"no tps in pgbench output: {out.decode(errors='replace')}")
+    return float(match.group(1))
+
+
+async def measure_cost(srvs: list[Server], script: Path, seconds: int, rounds: int, poll_all: bool) -> dict[str, Any]:
+    bench_srv = srvs[0]
+    polled = srvs if poll_all else [bench_srv]
+    targets = [Target(s.name, f"127.0.0.1:{s.port}", s.dsn) for s in polled]
+    off: list[float] = []
+    on: list[float] = []
+    collector_tps: list[float] = []
+    await _pgbench(bench_srv, script, 3)  # warm-up: table and caches, not measured
+    for i in range(rounds):
+        # Alternate the order so drift (table growth, page cache) does not favour one side.
+        for with_collector in (False, True) if i % 2 == 0 else (True, False):
+            if not with_collector:
+                off.append(await _pgbench(bench_srv, script, seconds))
+                continue
+            col = Collector(lambda: targets, RateTracker(history_seconds=max(60, 4 * seconds)), interval_s=1.0)
+            stop = asyncio.Event()
+            runner = asyncio.create_task(col.run(stop))
+            try:
+                on.append(await _pgbench(bench_srv, script, seconds))
+            finally:
+                stop.set()
+                await runner
+                snaps = col.tracker.history(seconds)
+                await col.aclose()
+            busy = [s.instances[bench_srv.name].tps for s in snaps if bench_srv.name in s.instances]
+            collector_tps.append(statistics.fmean(busy) if busy else 0.0)
+            log(f"cost round {i + 1}/{rounds}: off {off[-1] if off else 'n/a'} on {on[-1]:.1f}")
+    mean_off, mean_on = statistics.fmean(off), statistics.fmean(on)
+    return {
+        "polled_instances": len(polled),
+        "pgbench": f"-M prepared -n -c 2 -j 2 -T {seconds}, insert-only",
+        "rounds": rounds,
+        "tps_without_collector": [round(x, 1) for x in off],
+        "tps_with_collector": [round(x, 1) for x in on],
+        "mean_tps_without": round(mean_off, 1),
+        "mean_tps_with": round(mean_on, 1),
+        "tps_change_pct": round(100 * (mean_on - mean_off) / mean_off, 2),
+        "noise_stdev_pct_without": round(100 * statistics.pstdev(off) / mean_off, 2),
+        "collector_mean_tps_during_runs": [round(x, 1) for x in collector_tps],
+    }
+
+
+def main() -> int:
+    """Parse arguments, start the servers, run the measurements, print JSON."""
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--instances", type=int, default=64, help="servers to start and poll (default 64)")
+    parser.add_argument("--seconds", type=float, default=30.0, help="polling time for the poll mode")
+    parser.add_argument("--mode", choices=("poll", "cost", "both"), default="poll")
+    parser.add_argument("--cost-seconds", type=int, default=10, help="length of each pgbench run")
+    parser.add_argument("--cost-rounds", type=int, default=3, help="pgbench runs with and without")
+    parser.add_argument(
+        "--cost-poll",
+        choices=("one", "all"),
+        default="one",
+        help="during the cost runs, poll only the benchmarked server or all of them",
+    )
+    args = parser.parse_args()
+    if args.instances < 1:
+        parser.error("--instances must be at least 1")
+    if not (PG_BIN / "postgres").exists():
+        parser.error(f"PostgreSQL 15 binaries not found in {PG_BIN}")
+
+    available = _mem_available_mb()
+    need = args.instances * EST_MB_PER_SERVER
+    if need > available / 2:
+        parser.error(
+            f"{args.instances} servers need about {need} MB; only {available:.0f} MB available (keeping half free)"
+        )
+
+    # SIGTERM takes the same way out as Ctrl-C, so the servers still get stopped.
+    signal.signal(signal.SIGTERM, lambda *_: (_ for _ in ()).throw(KeyboardInterrupt()))
+    base = Path(tempfile.mkdtemp(prefix="pgcarve-collector-bench-"))
+    result: dict[str, Any] = {"host_cpus": os.cpu_count(), "server_settings": list(SERVER_SETTINGS)}
+    try:
+        if os.geteuid() == 0:
+            shutil.chown(base, "postgres", "postgres")
+        script = base / "insert.sql"
+        script.write_text(INSERT_SCRIPT)
+        script.chmod(0o644)
+        t0 = time.monotonic()
+        with servers(args.instances, base) as srvs:
+            result["start_s"] = round(time.monotonic() - t0, 1)
+            result["server_memory_mb_per_instance"] = round((available - _mem_available_mb()) / args.instances, 1)
+            log(f"{len(srvs)} servers up in {result['start_s']} s")
+            if args.mode in ("poll", "both"):
+                log(f"polling {len(srvs)} servers at 1 Hz for {args.seconds:g} s")
+                result["poll"] = asyncio.run(measure_poll(srvs, args.seconds))
+            if args.mode in ("cost", "both"):
+                log("measuring the collector's cost on pgbench TPS")
+                result["cost"] = asyncio.run(
+                    measure_cost(srvs, script, args.cost_seconds, args.cost_rounds, args.cost_poll == "all")
+                )
+    finally:
+        shutil.rmtree(base, ignore_errors=True)
+    print(json.dumps(result, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,403 @@
+"""Poll every instance's PostgreSQL for transaction/statement counters and replication state.
+
+One persistent autocommit connection per target (``application_name=pgcarve-collector``),
+one round trip per target per poll, all targets polled concurrently. Samples go to a
+:class:`~pgcarve.rates.RateTracker`, which turns them into TPS/QPS.
+
+The collector's own traffic is taken out of the counters, so an idle instance reads 0 TPS and
+0 QPS (both checked against real servers in tests/integration/test_collector_local.py):
+
+* **xacts**: every statement the collector sends in autocommit is one transaction
+  (xact_commit, or xact_rollback if it fails), and so is the start of each session (the
+  backend's startup transaction). The collector counts these per instance and subtracts the
+  count of those *before* the current statement (the statement reading the counters is not in
+  them yet). On PostgreSQL 15+ every collector statement also calls
+  ``pg_stat_force_next_flush()`` so the backend publishes its own counts as soon as it goes
+  idle, instead of up to a second later (PGSTAT_MIN_INTERVAL); without that, the subtraction
+  would run ahead of the published counter and look like a counter reset. psycopg's automatic
+  server-side prepare is switched off because the extra Parse round trip is one more
+  transaction, on the 5th execution only.
+* **calls**: pg_stat_statements counts the collector's poll too. The poll leaves out the entry
+  whose queryid is its own (``pg_stat_get_activity(pg_backend_pid()).query_id``), which needs
+  no bookkeeping and survives entry eviction. The one-off extension check made on each
+  (re)connection is still counted: one call per reconnection.
+
+Known limit: PostgreSQL 15 backends publish their transaction counts when idle and at most once
+a second, so xact_commit lags the workload by up to ~1 s; per-interval TPS is shifted by that
+much, while totals over any longer window are exact (pg_stat_statements calls are not delayed).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import math
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from types import MappingProxyType
+from typing import Any
+
+import psycopg
+from psycopg import sql
+
+from pgcarve.rates import RateTracker, Sample, Snapshot
+
+log = logging.getLogger(__name__)
+
+APPLICATION_NAME = "pgcarve-collector"
+
+# A session's startup transaction counts in xact_commit like a statement does.
+_STARTUP_XACTS = 1
+# First PostgreSQL release with pg_stat_force_next_flush() (and shared-memory statistics).
+_FORCE_FLUSH_VERSION = 150000
+
+
+@dataclass(frozen=True)
+class Target:
+    """One instance to poll: its name, the host it runs on (for messages) and its DSN."""
+
+    instance: str
+    host: str
+    dsn: str
+
+
+@dataclass(frozen=True)
+class StandbyState:
+    """One row of pg_stat_replication on a primary, lags in seconds and bytes."""
+
+    application_name: str
+    client_addr: str | None
+    state: str | None
+    sync_state: str | None
+    write_lag_s: float | None
+    flush_lag_s: float | None
+    replay_lag_s: float | None
+    lag_bytes: int | None
+
+
+_MARKER = sql.SQL("/* pgcarve-collector */ ")
+_FORCE_FLUSH = sql.SQL(", pg_catalog.pg_stat_force_next_flush() IS NULL AS flushed")
+
+_CHECK = sql.SQL(
+    "SELECT (SELECT n.nspname FROM pg_catalog.pg_extension e"
+    " JOIN pg_catalog.pg_namespace n ON n.oid = e.extnamespace"
+    " WHERE e.extname = 'pg_stat_statements') AS pgss_schema,"
+    " 'pg_stat_statements' = ANY (pg_catalog.string_to_array(pg_catalog.replace("
+    "pg_catalog.current_setting('shared_preload_libraries'), ' ', ''), ',')) AS pgss_loaded"
+)
+
+# pg_stat_statements(false): the view reads every query text from disk; the counters do not.
+# Our own entry is the one whose queryid is that of the statement running in this backend.
+_CALLS = sql.SQL(
+    "(SELECT pg_catalog.sum(s.calls) FROM {schema}.pg_stat_statements(false) s"
+    " WHERE s.queryid IS DISTINCT FROM (SELECT a.query_id"
+    " FROM pg_catalog.pg_stat_get_activity(pg_catalog.pg_backend_pid()) a))::bigint"
+)
+_NO_CALLS = sql.SQL("NULL::bigint")
+
+# Lag bytes are measured against the current WAL position on a primary; a cascading standby
+# cannot call pg_current_wal_lsn(), so its walsenders are measured against its replay position
+# (and the instance's replay_lag_bytes gauge is NULL there, as on any server in recovery).
+_POLL = sql.SQL(
+    "WITH rep AS ("
+    "SELECT r.application_name, r.client_addr::text AS client_addr, r.state, r.sync_state,"
+    " extract(epoch FROM r.write_lag)::float8 AS write_lag_s,"
+    " extract(epoch FROM r.flush_lag)::float8 AS flush_lag_s,"
+    " extract(epoch FROM r.replay_lag)::float8 AS replay_lag_s,"
+    " pg_catalog.pg_wal_lsn_diff(CASE WHEN pg_catalog.pg_is_in_recovery()"
+    " THEN pg_catalog.pg_last_wal_replay_lsn() ELSE pg_catalog.pg_current_wal_lsn() END,"
+    " r.replay_lsn)::bigint AS lag_bytes"
+    " FROM pg_catalog.pg_stat_replication r) "
+    "SELECT (SELECT pg_catalog.sum(d.xact_commit + d.xact_rollback)"
+    " FROM pg_catalog.pg_stat_database d)::bigint AS xacts,"
+    " {calls} AS calls,"
+    " CASE WHEN pg_catalog.pg_is_in_recovery() THEN NULL"
+    " ELSE (SELECT pg_catalog.max(rep.lag_bytes) FROM rep) END AS replay_lag_bytes,"
+    " (SELECT pg_catalog.json_agg(rep ORDER BY rep.application_name) FROM rep) AS standbys,"
+    " pg_catalog.pg_postmaster_start_time()::text AS epoch"
+)
+
+
+def _statement(body: sql.Composable, force_flush: bool) -> sql.Composed:
+    """Mark a collector statement and, where available, make its stats publish at once."""
+    parts: list[sql.Composable] = [_MARKER, body]
+    if force_flush:
+        parts.append(_FORCE_FLUSH)
+    return sql.Composed(parts)
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return text.splitlines()[0].strip() if text else type(exc).__name__
+
+
+def _opt_float(value: Any) -> float | None:
+    return None if value is None else float(value)
+
+
+def _opt_int(value: Any) -> int | None:
+    return None if value is None else int(value)
+
+
+def _standbys(rows: Any) -> tuple[StandbyState, ...]:
+    """Parse the json_agg of pg_stat_replication rows (None when there are no standbys)."""
+    if not rows:
+        return ()
+    return tuple(
+        StandbyState(
+            application_name=str(r.get("application_name") or ""),
+            client_addr=r.get("client_addr"),
+            state=r.get("state"),
+            sync_state=r.get("sync_state"),
+            write_lag_s=_opt_float(r.get("write_lag_s")),
+            flush_lag_s=_opt_float(r.get("flush_lag_s")),
+            replay_lag_s=_opt_float(r.get("replay_lag_s")),
+            lag_bytes=_opt_int(r.get("lag_bytes")),
+        )
+        for r in rows
+    )
+
+
+@dataclass
+class _Link:
+    """Connection and compensation state of one instance."""
+
+    target: Target
+    conn: psycopg.AsyncConnection[tuple[Any, ...]] | None = None
+    poll_sql: sql.Composed | None = None
+    # Collector transactions on this server since the counter baseline (see module docstring).
+    own_xacts: int = 0
+    last_raw_xacts: int | None = None
+    last_epoch: str | None = None
+    standbys: tuple[StandbyState, ...] = field(default_factory=tuple)
+
+
+class _PollError(Exception):
+    """A poll failed; the message is already in operator words.
+
+    ``keep_connection`` is True when the session is still usable (the statement failed but the
+    connection did not), so a persistent error does not turn into a reconnection every poll.
+    """
+
+    def __init__(self, message: str, keep_connection: bool = False) -> None:
+        super().__init__(message)
+        self.keep_connection = keep_connection
+
+
+class Collector:
+    """Polls targets, feeds a RateTracker, keeps per-instance errors and standby states."""
+
+    def __init__(
+        self,
+        targets: Callable[[], Sequence[Target]],
+        tracker: RateTracker,
+        interval_s: float = 1.0,
+        connect_timeout_s: float = 3.0,
+        *,
+        query_timeout_s: float | None = None,
+    ) -> None:
+        """Poll ``targets()`` every ``interval_s``; a query may take ``query_timeout_s``
+        (default: ``connect_timeout_s``) before the connection is dropped and the poll counted
+        as failed."""
+        if interval_s <= 0:
+            raise ValueError("interval_s must be positive")
+        self._targets = targets
+        self.tracker = tracker
+        self.interval_s = interval_s
+        self.connect_timeout_s = connect_timeout_s
+        self.query_timeout_s = connect_timeout_s if query_timeout_s is None else query_timeout_s
+        self.on_sample: list[Callable[[Target, Sample], None]] = []
+        self._links: dict[str, _Link] = {}
+        self._errors: dict[str, str] = {}
+        self._round = asyncio.Lock()
+
+    def last_errors(self) -> Mapping[str, str]:
+        """Per instance, the last poll error in operator words; cleared by a successful poll."""
+        return MappingProxyType(dict(self._errors))
+
+    def replication(self, instance: str) -> list[StandbyState]:
+        """Standbys seen by ``instance``'s last successful poll ([] if none or unknown)."""
+        link = self._links.get(instance)
+        return list(link.standbys) if link else []
+
+    async def poll_once(self) -> Snapshot:
+        """Poll every current target concurrently, update the tracker, record a snapshot.
+
+        Never raises for a target's failure: the error is kept in :meth:`last_errors` and the
+        target is reconnected on the next poll.
+        """
+        async with self._round:
+            # One link per instance name: a duplicate would poll one connection twice at once.
+            current = {t.instance: t for t in self._targets()}
+            targets = list(current.values())
+            for instance in [name for name in self._links if name not in current]:
+                await self._drop(instance)
+            for instance in [name for name in self.tracker.instances() if name not in current]:
+                self.tracker.forget(instance)
+            for target in targets:
+                link = self._links.get(target.instance)
+                if link is not None and link.target != target:
+                    # Moved to another DSN (e.g. failover): a different server, start over.
+                    await self._drop(target.instance)
+                    link = None
+                if link is None:
+                    self._links[target.instance] = _Link(target)
+            results = await asyncio.gather(*(self._poll(self._links[t.instance]) for t in targets))
+            for target, result in zip(targets, results, strict=True):
+                if isinstance(result, str):
+                    if self._errors.get(target.instance) != result:
+                        log.warning("%s: %s", target.instance, result)
+                    self._errors[target.instance] = result
+                    continue
+                if self._errors.pop(target.instance, None) is not None:
+                    log.info("%s: polling works again", target.instance)
+                self.tracker.observe(result)
+                for hook in list(self.on_sample):
+                    try:
+                        hook(target, result)
+                    except Exception:
+                        # A broken exporter must not stop the collection.
+                        log.exception("on_sample hook failed for %s", target.instance)
+            return self.tracker.record()
+
+    async def run(self, stop: asyncio.Event) -> None:
+        """Poll every ``interval_s`` on a fixed monotonic schedule until ``stop`` is set.
+
+        Ticks are ``start + k * interval_s``: a slow round delays nothing but itself, and a
+        round longer than the interval skips the missed ticks instead of bunching polls.
+        """
+        next_tick = time.monotonic()
+        while not stop.is_set():
+            try:
+                await self.poll_once()
+            except Exception:
+                log.exception("poll round failed")
+            next_tick += self.interval_s
+            now = time.monotonic()
+            if next_tick <= now:
+                next_tick += (math.floor((now - next_tick) / self.interval_s) + 1) * self.interval_s
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(stop.wait(), timeout=next_tick - now)
+
+    async def aclose(self) -> None:
+        """Close every connection; the collector can still poll again afterwards."""
+        async with self._round:
+            for instance in list(self._links):
+                await self._drop(instance)
+
+    async def _drop(self, instance: str) -> None:
+        """Forget a target's connection and state (it left, or its DSN changed)."""
+        link = self._links.pop(instance, None)
+        self._errors.pop(instance, None)
+        if link is not None:
+            await self._close(link)
+
+    @staticmethod
+    async def _close(link: _Link) -> None:
+        conn, link.conn, link.poll_sql = link.conn, None, None
+        if conn is not None:
+            with contextlib.suppress(Exception):
+                await conn.close()
+
+    async def _poll(self, link: _Link) -> Sample | str:
+        """One poll of one target: a Sample, or an error message for the operator."""
+        try:
+            return await self._poll_or_raise(link)
+        except _PollError as exc:
+            if not exc.keep_connection:
+                await self._close(link)
+            return str(exc)
+        except Exception as exc:
+            # Anything unexpected (bad row, driver bug) still must not end the round.
+            await self._close(link)
+            return f"polling PostgreSQL on {link.target.host} failed: {_first_line(exc)}"
+
+    async def _poll_or_raise(self, link: _Link) -> Sample:
+        host = link.target.host
+        if link.conn is None or link.conn.closed or link.poll_sql is None:
+            await self._connect(link)
+        conn, poll_sql = link.conn, link.poll_sql
+        assert conn is not None and poll_sql is not None
+        own_before = link.own_xacts
+        t0 = time.monotonic()
+        try:
+            async with asyncio.timeout(self.query_timeout_s):
+                cur = await conn.execute(poll_sql)
+                row = await cur.fetchone()
+        except TimeoutError as exc:
+            # Not counted as ours: if it did run, one transaction shows up as workload once,
+            # whereas over-counting would make the counter go down, i.e. a fake reset.
+            raise _PollError(
+                f"PostgreSQL on {host} did not answer the statistics query within {self.query_timeout_s:g} s"
+            ) from exc
+        except psycopg.Error as exc:
+            if conn.broken or conn.closed:
+                # The session was gone (terminated, server down): the statement never ran.
+                raise _PollError(f"lost the connection to PostgreSQL on {host}: {_first_line(exc)}") from exc
+            link.own_xacts += 1  # it ran and rolled back: xact_rollback counts it
+            raise _PollError(f"statistics query failed on {host}: {_first_line(exc)}", keep_connection=True) from exc
+        link.own_xacts += 1
+        t1 = time.monotonic()
+        wall = time.time() - (t1 - t0) / 2
+        if row is None:
+            raise _PollError(f"statistics query on {host} returned no row")
+        raw_xacts, calls, lag_bytes, standbys, epoch = row[:5]
+        raw_xacts = int(raw_xacts)
+        epoch = str(epoch)
+        if link.last_raw_xacts is not None and (raw_xacts < link.last_raw_xacts or epoch != link.last_epoch):
+            # Counters were reset or this is another server: our past statements are not in
+            # them any more; the tracker re-baselines on the same signal.
+            own_before = 0
+            link.own_xacts = 1
+        link.last_raw_xacts, link.last_epoch = raw_xacts, epoch
+        link.standbys = _standbys(standbys)
+        return Sample(
+            instance=link.target.instance,
+            # Midpoint: the server read the counters somewhere inside the round trip.
+            monotonic=(t0 + t1) / 2,
+            wall=wall,
+            xacts=raw_xacts - own_before,
+            calls=_opt_int(calls),
+            replay_lag_bytes=_opt_int(lag_bytes),
+            epoch=epoch,
+        )
+
+    async def _connect(self, link: _Link) -> None:
+        """Open the connection, check for pg_stat_statements and pick the poll statement."""
+        await self._close(link)
+        host = link.target.host
+        try:
+            async with asyncio.timeout(self.connect_timeout_s):
+                conn = await psycopg.AsyncConnection.connect(
+                    link.target.dsn,
+                    autocommit=True,
+                    # Auto-prepare adds a Parse round trip, i.e. one uncounted transaction.
+                    prepare_threshold=None,
+                    application_name=APPLICATION_NAME,
+                    connect_timeout=max(2, math.ceil(self.connect_timeout_s)),
+                )
+        except TimeoutError as exc:
+            raise _PollError(
+                f"cannot connect to PostgreSQL on {host}: no answer within {self.connect_timeout_s:g} s"
+            ) from exc
+        except psycopg.Error as exc:
+            raise _PollError(f"cannot connect to PostgreSQL on {host}: {_first_line(exc)}") from exc
+        link.conn = conn
+        link.own_xacts += _STARTUP_XACTS
+        force_flush = conn.info.server_version >= _FORCE_FLUSH_VERSION
+        try:
+            async with asyncio.timeout(self.query_timeout_s):
+                cur = await conn.execute(_statement(_CHECK, force_flush))
+                row = await cur.fetchone()
+        except TimeoutError as exc:
+            raise _PollError(f"PostgreSQL on {host} did not answer within {self.query_timeout_s:g} s") from exc
+        except psycopg.Error as exc:
+            if not (conn.broken or conn.closed):
+                link.own_xacts += 1
+            raise _PollError(f"checking pg_stat_statements on {host} failed: {_first_line(exc)}") from exc
+        link.own_xacts += 1
+        schema = row[0] if row is not None and row[1] else None
+        calls = _CALLS.format(schema=sql.Identifier(schema)) if schema else _NO_CALLS
+        link.poll_sql = _statement(_POLL.format(calls=calls), force_flush)

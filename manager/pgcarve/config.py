@@ -1,0 +1,178 @@
+"""The hosts file (hosts.yaml) and process settings.
+
+hosts.yaml says which libvirt hosts pgcarve carves and how: hosts by URI and role, the size of
+each instance, how primaries replicate. `pgcarve sandbox up` writes one for its local hosts;
+`hosts.sample.yaml` at the repository root documents every field for real hosts.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import re
+from pathlib import Path
+from typing import Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from pgcarve.errors import ConfigError
+
+NAME_PATTERN = r"^[a-z][a-z0-9-]{0,30}$"
+
+
+class InstanceSize(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    vcpus: int = Field(1, ge=1, le=256, description="vCPUs per guest, each pinned to its own host CPU")
+    memory_mib: int = Field(1024, ge=256, le=4 * 1024 * 1024, description="guest memory in MiB")
+    housekeeping_cpus: int | None = Field(
+        None, ge=0, description="host CPUs kept for emulator threads; null = auto (1 core/socket on >= 8 CPUs)"
+    )
+    hugepages: bool = Field(False, description="back guest memory with 2 MiB hugepages")
+    disk_gib: int = Field(8, ge=2, le=16384, description="virtual size of each guest's disk")
+
+
+class Replication(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    standbys: int = Field(2, ge=0, le=4, description="standbys per primary, each on another host")
+    sync_mode: Literal["FIRST", "ANY"] = "FIRST"
+    sync_count: int = Field(1, ge=1, le=4, description="standbys that must confirm each commit")
+    synchronous_commit: Literal["off", "local", "remote_write", "on", "remote_apply"] = "remote_write"
+
+    @model_validator(mode="after")
+    def _count_fits(self) -> Replication:
+        if self.standbys and self.sync_count > self.standbys:
+            raise ValueError(f"sync_count {self.sync_count} exceeds standbys {self.standbys}")
+        return self
+
+
+class HostConfig(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    name: str = Field(pattern=NAME_PATTERN)
+    uri: str = Field(min_length=3, description="libvirt URI, e.g. qemu+ssh://root@db1/system")
+    role: Literal["primary", "standby"] = "primary"
+    pool: str = Field("pgcarve", pattern=r"^[A-Za-z0-9_.-]{1,64}$")
+    pool_path: str = Field("/var/lib/libvirt/pgcarve", description="directory for pgcarve's volumes")
+    network: str = Field("pgcarve", pattern=r"^[A-Za-z0-9_.-]{1,64}$", description="libvirt network for guests")
+    # How the machine running pgcarve reaches guests: directly (routed), or through a local
+    # forward into a sandbox namespace.
+    reach: Literal["direct", "sandbox"] = "direct"
+    netns: str | None = Field(None, description="sandbox only: the host's network namespace")
+
+    @field_validator("uri")
+    @classmethod
+    def _uri_shape(cls, value: str) -> str:
+        if not re.match(r"^[a-z][a-z0-9+]*://", value):
+            raise ValueError(f"{value!r} is not a libvirt URI (like qemu:///system)")
+        return value
+
+
+class FleetConfig(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    fleet: str = Field("pgc", pattern=r"^[a-z][a-z0-9]{0,15}$", description="prefix of every guest name")
+    domain_type: Literal["auto", "kvm", "qemu"] = "auto"
+    instance: InstanceSize = InstanceSize()  # type: ignore[call-arg]
+    replication: Replication = Replication()  # type: ignore[call-arg]
+    allowed_cidrs: list[str] = Field(default_factory=lambda: ["10.77.0.0/16"],
+                                     description="networks allowed to log in to PostgreSQL")
+    hosts: list[HostConfig]
+
+    @model_validator(mode="after")
+    def _hosts_consistent(self) -> FleetConfig:
+        names = [h.name for h in self.hosts]
+        if len(set(names)) != len(names):
+            raise ValueError(f"host names must be unique: {names}")
+        if not any(h.role == "primary" for h in self.hosts):
+            raise ValueError("at least one host needs role: primary")
+        standby_hosts = [h for h in self.hosts if h.role == "standby"]
+        if self.replication.standbys > len(standby_hosts):
+            raise ValueError(
+                f"replication.standbys is {self.replication.standbys} but only {len(standby_hosts)} "
+                "host(s) have role: standby (standbys never share their primary's host)"
+            )
+        return self
+
+    def host(self, name: str) -> HostConfig:
+        for host in self.hosts:
+            if host.name == name:
+                return host
+        raise ConfigError(f"no host named {name!r} in the hosts file (hosts: {[h.name for h in self.hosts]})")
+
+    @property
+    def primary_hosts(self) -> list[HostConfig]:
+        return [h for h in self.hosts if h.role == "primary"]
+
+    @property
+    def standby_hosts(self) -> list[HostConfig]:
+        return [h for h in self.hosts if h.role == "standby"]
+
+
+def load_fleet_config(path: Path) -> FleetConfig:
+    """Read and validate a hosts file; errors name the file and the field."""
+    try:
+        raw = yaml.safe_load(path.read_text())
+    except FileNotFoundError:
+        raise ConfigError(f"hosts file {path} does not exist") from None
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"hosts file {path} is not valid YAML: {exc}") from None
+    try:
+        return FleetConfig.model_validate(raw)
+    except ValidationError as exc:
+        problems = "; ".join(
+            f"{'.'.join(str(p) for p in err['loc']) or '(top)'}: {err['msg']}" for err in exc.errors()
+        )
+        raise ConfigError(f"hosts file {path}: {problems}") from None
+
+
+def write_fleet_config(config: FleetConfig, path: Path) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(yaml.safe_dump(config.model_dump(mode="json"), sort_keys=False))
+
+
+class Paths:
+    """Where pgcarve keeps its state (PGCARVE_STATE_DIR, default /var/lib/pgcarve)."""
+
+    def __init__(self, state_dir: Path) -> None:
+        self.state_dir = state_dir
+
+    @property
+    def image_dir(self) -> Path:
+        return Path(os.environ.get("PGCARVE_IMAGE_DIR", self.state_dir / "image"))
+
+    @property
+    def sandbox_dir(self) -> Path:
+        return self.state_dir / "sandbox"
+
+    @property
+    def sandbox_hosts_file(self) -> Path:
+        return self.sandbox_dir / "hosts.yaml"
+
+    @property
+    def secrets_file(self) -> Path:
+        return self.state_dir / "secrets.json"
+
+    @property
+    def token_file(self) -> Path:
+        return self.state_dir / "api-token"
+
+    @property
+    def probe_cache(self) -> Path:
+        return self.state_dir / "domain-type-probe.json"
+
+    @property
+    def server_file(self) -> Path:
+        return self.state_dir / "server.json"
+
+    def hosts_file(self, explicit: str | None = None) -> Path:
+        """The hosts file to use: --hosts-file, PGCARVE_HOSTS_FILE, ./hosts.yaml, else the sandbox's."""
+        for candidate in (explicit, os.environ.get("PGCARVE_HOSTS_FILE")):
+            if candidate:
+                return Path(candidate)
+        if Path("hosts.yaml").exists():
+            return Path("hosts.yaml")
+        return self.sandbox_hosts_file
+
+
+@functools.cache
+def default_paths() -> Paths:
+    return Paths(Path(os.environ.get("PGCARVE_STATE_DIR", "/var/lib/pgcarve")))

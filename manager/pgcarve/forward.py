@@ -1,0 +1,200 @@
+"""Local TCP forwards into sandbox network namespaces.
+
+In the sandbox, guests live in a network namespace that the machine running pgcarve cannot
+route to. A forward is a small process that listens on 127.0.0.1 in the caller's namespace and
+opens each outgoing connection from inside the sandbox namespace: it binds its listening socket
+first, then joins the namespace with setns(2), so later sockets are created in there.
+
+    python -m pgcarve.forward --netns /run/netns/NS --target 10.77.0.12:5432 --state FILE.json
+
+Each forward records {pid, port, target, netns} in its state file; pgcarve stops it by that PID.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import ctypes
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from pgcarve.errors import SandboxError
+
+CLONE_NEWNET = 0x40000000
+
+
+def join_netns(path: str) -> None:
+    libc = ctypes.CDLL(None, use_errno=True)
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        if libc.setns(fd, CLONE_NEWNET) != 0:
+            err = ctypes.get_errno()
+            raise OSError(err, f"setns({path}): {os.strerror(err)}")
+    finally:
+        os.close(fd)
+
+
+async def _pipe(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    try:
+        while data := await reader.read(65536):
+            writer.write(data)
+            await writer.drain()
+    except (ConnectionError, OSError):
+        pass
+    finally:
+        with contextlib.suppress(Exception):
+            writer.close()
+
+
+async def _serve(listener: socket.socket, target_host: str, target_port: int) -> None:
+    async def handle(client_r: asyncio.StreamReader, client_w: asyncio.StreamWriter) -> None:
+        try:
+            up_r, up_w = await asyncio.wait_for(asyncio.open_connection(target_host, target_port), 10)
+        except (OSError, TimeoutError):
+            client_w.close()
+            return
+        for sock_writer in (client_w, up_w):
+            sock = sock_writer.get_extra_info("socket")
+            if sock is not None:
+                sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        await asyncio.gather(_pipe(client_r, up_w), _pipe(up_r, client_w))
+
+    server = await asyncio.start_server(handle, sock=listener)
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    async with server:
+        await stop.wait()
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description="forward 127.0.0.1:PORT into a network namespace")
+    parser.add_argument("--netns", required=True)
+    parser.add_argument("--target", required=True, help="HOST:PORT inside the namespace")
+    parser.add_argument("--state", required=True, help="JSON file to record pid and port in")
+    parser.add_argument("--port", type=int, default=0)
+    args = parser.parse_args(argv)
+    host, _, port = args.target.rpartition(":")
+    listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    listener.bind(("127.0.0.1", args.port))
+    listener.listen(128)
+    listener.setblocking(False)
+    join_netns(args.netns)  # the listener stays in the namespace it was created in
+    state = {"pid": os.getpid(), "port": listener.getsockname()[1], "target": args.target, "netns": args.netns}
+    tmp = Path(args.state + ".tmp")
+    tmp.write_text(json.dumps(state))
+    tmp.replace(args.state)
+    asyncio.run(_serve(listener, host, int(port)))
+    return 0
+
+
+@dataclass(frozen=True)
+class Forward:
+    pid: int
+    port: int
+    target: str
+    netns: str
+
+
+def pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def stop_pid(pid: int, timeout_s: float = 10.0) -> None:
+    """SIGTERM a process we started, then SIGKILL it if it lingers."""
+    if not pid_alive(pid):
+        return
+    with contextlib.suppress(ProcessLookupError):
+        os.kill(pid, signal.SIGTERM)
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        with contextlib.suppress(ChildProcessError):
+            os.waitpid(pid, os.WNOHANG)
+        if not pid_alive(pid):
+            return
+        time.sleep(0.05)
+    with contextlib.suppress(ProcessLookupError):
+        os.kill(pid, signal.SIGKILL)
+
+
+class ForwardRegistry:
+    """The forwards of one sandbox, one state file per guest."""
+
+    def __init__(self, directory: Path):
+        self.directory = directory
+
+    def _file(self, name: str) -> Path:
+        return self.directory / f"{name}.json"
+
+    def get(self, name: str) -> Forward | None:
+        try:
+            data = json.loads(self._file(name).read_text())
+        except (FileNotFoundError, json.JSONDecodeError):
+            return None
+        fwd = Forward(**data)
+        return fwd if pid_alive(fwd.pid) else None
+
+    def ensure(self, name: str, netns: str, target: str) -> Forward:
+        """A running forward 127.0.0.1:PORT -> target for this guest (reused if unchanged)."""
+        current = self.get(name)
+        if current is not None and current.target == target and current.netns == netns:
+            return current
+        preferred = current.port if current is not None else 0
+        if current is not None:
+            stop_pid(current.pid)
+        self.directory.mkdir(parents=True, exist_ok=True)
+        state = self._file(name)
+        state.unlink(missing_ok=True)
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "pgcarve.forward", "--netns", netns, "--target", target,
+             "--state", str(state), "--port", str(preferred)],
+            stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+            start_new_session=True,
+        )
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline:
+            if state.exists():
+                return Forward(**json.loads(state.read_text()))
+            if proc.poll() is not None:
+                err = proc.stderr.read().decode() if proc.stderr else ""
+                if preferred:  # the old port was taken meanwhile: take any
+                    return self.ensure_fresh(name, netns, target)
+                raise SandboxError(f"forward for {name} to {target} failed to start: {err.strip()[-300:]}")
+            time.sleep(0.02)
+        raise SandboxError(f"forward for {name} to {target} did not start in 10 s")
+
+    def ensure_fresh(self, name: str, netns: str, target: str) -> Forward:
+        self._file(name).unlink(missing_ok=True)
+        return self.ensure(name, netns, target)
+
+    def remove(self, name: str) -> None:
+        current = self.get(name)
+        if current is not None:
+            stop_pid(current.pid)
+        self._file(name).unlink(missing_ok=True)
+
+    def remove_all(self) -> None:
+        if not self.directory.exists():
+            return
+        for state in self.directory.glob("*.json"):
+            self.remove(state.stem)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,172 @@
+"""What goes into a guest's NoCloud seed: identity, role and PostgreSQL configuration.
+
+The seed is the only channel from the manager into a new guest. cloud-init's write_files puts
+`instance.json` in /etc/pgcarve/, where the image's pgcarve-guest-setup unit reads it before
+PostgreSQL starts (see images/rootfs/usr/local/sbin/pgcarve-guest-setup). Passwords travel as
+SCRAM-SHA-256 verifiers, never in plain text, except the replication password a standby needs
+to log in to its primary.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import hmac
+import ipaddress
+import json
+import re
+import secrets
+import shutil
+import subprocess
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Literal
+
+from pgcarve.errors import ConfigError
+
+INSTANCE_NAME_RE = re.compile(r"^[a-z][a-z0-9-]{0,62}$")
+SECRET_RE = re.compile(r"^[A-Za-z0-9]{16,128}$")
+SCRAM_ITERATIONS = 4096
+# Role names are fixed in the image (created at build time); only their passwords vary.
+ADMIN_USER = "pgcarve"
+REPLICATION_USER = "replicator"
+Role = Literal["primary", "standby"]
+SyncMode = Literal["FIRST", "ANY"]
+
+
+def new_secret() -> str:
+    """A random alphanumeric password (safe in DSNs, conninfo strings and YAML unquoted)."""
+    return secrets.token_hex(24)
+
+
+def scram_verifier(password: str, salt: bytes | None = None, iterations: int = SCRAM_ITERATIONS) -> str:
+    """The SCRAM-SHA-256 verifier PostgreSQL stores for `password` (RFC 5802 / RFC 7677)."""
+    salt = salt if salt is not None else secrets.token_bytes(16)
+    salted = hashlib.pbkdf2_hmac("sha256", password.encode(), salt, iterations)
+    client_key = hmac.new(salted, b"Client Key", hashlib.sha256).digest()
+    stored_key = hashlib.sha256(client_key).digest()
+    server_key = hmac.new(salted, b"Server Key", hashlib.sha256).digest()
+
+    def b64(raw: bytes) -> str:
+        return base64.b64encode(raw).decode()
+
+    return f"SCRAM-SHA-256${iterations}:{b64(salt)}${b64(stored_key)}:{b64(server_key)}"
+
+
+def application_name(instance_name: str) -> str:
+    """The name a standby reports to its primary (an identifier usable in synchronous_standby_names)."""
+    return instance_name.replace("-", "_")
+
+
+def slot_name(standby_name: str) -> str:
+    return "pgcarve_" + application_name(standby_name)
+
+
+def synchronous_standby_names(mode: SyncMode, count: int, standbys: list[str]) -> str:
+    """E.g. FIRST 1 (pgc_01_s1, pgc_01_s2): the experiment's one sync + one potential standby."""
+    if not standbys:
+        return ""
+    if not 1 <= count <= len(standbys):
+        raise ConfigError(f"sync standby count {count} must be between 1 and {len(standbys)} (standbys)")
+    names = ", ".join(application_name(s) for s in standbys)
+    return f"{mode} {count} ({names})"
+
+
+@dataclass(frozen=True)
+class Credentials:
+    """The fleet's PostgreSQL passwords (kept by the manager in its state directory, mode 0600).
+
+    The admin login is ADMIN_USER, the standbys' login is REPLICATION_USER.
+    """
+
+    admin_password: str
+    replication_password: str
+
+    def __post_init__(self) -> None:
+        for value in (self.admin_password, self.replication_password):
+            if not SECRET_RE.match(value):
+                raise ConfigError("credentials: passwords must be 16-128 letters or digits")
+
+
+@dataclass(frozen=True)
+class GuestSeed:
+    """Everything one guest needs to configure itself on first boot."""
+
+    name: str
+    role: Role
+    credentials: Credentials
+    allowed_cidrs: tuple[str, ...]
+    synchronous_commit: str = "remote_write"
+    synchronous_standby_names: str = ""
+    primary_host: str | None = None  # standbys: the primary's address
+    extra_hosts: dict[str, str] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if not INSTANCE_NAME_RE.match(self.name):
+            raise ConfigError(
+                f"instance name {self.name!r} is invalid: lower-case letters, digits and '-', "
+                "starting with a letter, at most 63 characters"
+            )
+        for cidr in self.allowed_cidrs:
+            try:
+                ipaddress.ip_network(cidr, strict=False)
+            except ValueError as exc:
+                raise ConfigError(f"allowed network {cidr!r} is not a CIDR: {exc}") from None
+        if self.role == "standby":
+            if self.primary_host is None:
+                raise ConfigError(f"standby {self.name} needs its primary's address")
+            ipaddress.ip_address(self.primary_host)
+
+    def instance_json(self) -> dict[str, object]:
+        creds = self.credentials
+        doc: dict[str, object] = {
+            "name": self.name,
+            "role": self.role,
+            "allowed_cidrs": list(self.allowed_cidrs),
+            "admin_password_scram": scram_verifier(creds.admin_password),
+            "replication_password_scram": scram_verifier(creds.replication_password),
+            "synchronous_commit": self.synchronous_commit,
+            "synchronous_standby_names": self.synchronous_standby_names,
+        }
+        if self.role == "standby":
+            doc["primary_host"] = self.primary_host
+            doc["replication_password"] = creds.replication_password
+            doc["slot_name"] = slot_name(self.name)
+        return doc
+
+    def meta_data(self, instance_id: str) -> str:
+        return json.dumps({"instance-id": instance_id, "local-hostname": self.name}, indent=2) + "\n"
+
+    def user_data(self) -> str:
+        """cloud-config (JSON is valid YAML, so no YAML emitter quirks reach the guest)."""
+        config = {
+            "write_files": [
+                {
+                    "path": "/etc/pgcarve/instance.json",
+                    "permissions": "0600",
+                    "owner": "root:root",
+                    "content": json.dumps(self.instance_json(), indent=2, sort_keys=True) + "\n",
+                }
+            ],
+        }
+        return "#cloud-config\n" + json.dumps(config, indent=2, sort_keys=True) + "\n"
+
+
+def write_seed_iso(seed: GuestSeed, instance_id: str, path: Path) -> None:
+    """A NoCloud seed (ISO 9660, volume label "cidata") with user-data and meta-data."""
+    if shutil.which("genisoimage") is None:
+        raise ConfigError("genisoimage is needed to build guest seeds: run `make deps`")
+    with tempfile.TemporaryDirectory(prefix="pgcarve-seed-") as tmp:
+        user_data = Path(tmp) / "user-data"
+        meta_data = Path(tmp) / "meta-data"
+        user_data.write_text(seed.user_data())
+        user_data.chmod(0o600)
+        meta_data.write_text(seed.meta_data(instance_id))
+        proc = subprocess.run(
+            ["genisoimage", "-quiet", "-output", str(path), "-volid", "cidata", "-joliet", "-rock",
+             str(user_data), str(meta_data)],
+            capture_output=True, text=True, check=False,
+        )
+        if proc.returncode != 0:
+            raise ConfigError(f"building the seed for {seed.name} failed: {proc.stderr.strip()}")

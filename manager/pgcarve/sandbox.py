@@ -1,0 +1,306 @@
+"""The local sandbox: private libvirt hosts for machines that have none configured.
+
+Each sandbox host is its own network namespace with its own libvirtd and virtlogd, in a mount
+namespace where /run, /etc/libvirt, /var/lib/libvirt, /var/log/libvirt and /var/cache/libvirt
+are private, so nothing touches the machine's own libvirt. Guests, bridges, dnsmasq and every
+10.x address live only inside those namespaces. Hosts are joined by a virtual wire (a bridge in
+a namespace of its own, a veth to each host) and route each other's guest networks, so
+replication really crosses from one "host" to another. pgcarve reaches each libvirtd through its
+unix socket (a qemu+unix:// URI with socket=...), and guests through 127.0.0.1 forwards.
+
+Everything started here is recorded by PID under the sandbox directory and stopped by PID.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import os
+import shutil
+import signal
+import subprocess
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from pgcarve.config import FleetConfig, HostConfig, InstanceSize, Replication, write_fleet_config
+from pgcarve.errors import SandboxError
+from pgcarve.forward import ForwardRegistry, pid_alive, stop_pid
+from pgcarve.libvirt_host import LibvirtHost
+
+REQUIRED_TOOLS = ("ip", "unshare", "libvirtd", "virtlogd", "qemu-system-x86_64", "dnsmasq", "qemu-img")
+GUEST_NET = "10.77.{i}.0/24"
+WIRE_PREFIX = "10.76.0."
+NETWORK_NAME = "pgcarve"
+MAX_HOSTS = 8
+
+# Runs inside `ip netns exec NS unshare --mount`: make the libvirt paths private, then start the
+# daemons. Values arrive as positional arguments, never pasted into the script.
+_START_DAEMONS = r"""
+set -eu
+host_dir=$1
+mount --make-rprivate /
+mount -t tmpfs -o mode=0755 pgcarve-run /run
+mkdir -p /run/libvirt /run/lock
+for d in etc:/etc/libvirt lib:/var/lib/libvirt log:/var/log/libvirt cache:/var/cache/libvirt; do
+  mkdir -p "$host_dir/${d%%:*}" "${d#*:}"
+  mount --bind "$host_dir/${d%%:*}" "${d#*:}"
+done
+virtlogd -d -p "$host_dir/pids/virtlogd.pid" -f /etc/libvirt/virtlogd.conf
+libvirtd -d -p "$host_dir/pids/libvirtd.pid" -f /etc/libvirt/libvirtd.conf
+"""
+
+
+def _run(args: list[str], check: bool = True) -> subprocess.CompletedProcess[str]:
+    proc = subprocess.run(args, capture_output=True, text=True, check=False)
+    if check and proc.returncode != 0:
+        raise SandboxError(f"`{' '.join(args)}` failed: {(proc.stderr or proc.stdout).strip()}")
+    return proc
+
+
+@dataclass(frozen=True)
+class SandboxHost:
+    index: int
+    name: str  # h0, h1, ...
+    netns: str
+    directory: Path
+    socket_dir: Path
+
+    @property
+    def uri(self) -> str:
+        return f"qemu+unix:///system?socket={self.socket_dir}/libvirt-sock"
+
+    @property
+    def pid_files(self) -> list[Path]:
+        return [self.directory / "pids" / "libvirtd.pid", self.directory / "pids" / "virtlogd.pid"]
+
+
+class Sandbox:
+    """The sandbox belonging to one pgcarve state directory."""
+
+    def __init__(self, directory: Path):
+        self.directory = directory.resolve()
+        # Namespace and socket names must be short and unique per state directory.
+        self.tag = hashlib.sha256(str(self.directory).encode()).hexdigest()[:6]
+        self.socket_root = Path(f"/var/tmp/pgcarve-{self.tag}")
+        self.forwards = ForwardRegistry(self.directory / "forwards")
+
+    @property
+    def wire_netns(self) -> str:
+        return f"pgc-{self.tag}-wire"
+
+    def host(self, index: int) -> SandboxHost:
+        return SandboxHost(
+            index=index,
+            name=f"h{index}",
+            netns=f"pgc-{self.tag}-h{index}",
+            directory=self.directory / f"h{index}",
+            socket_dir=self.socket_root / f"h{index}",
+        )
+
+    def hosts(self) -> list[SandboxHost]:
+        found = []
+        for index in range(MAX_HOSTS):
+            host = self.host(index)
+            if host.directory.exists():
+                found.append(host)
+        return found
+
+    def is_up(self) -> bool:
+        hosts = self.hosts()
+        return bool(hosts) and all(self._daemon_pid(h, "libvirtd") for h in hosts)
+
+    def _daemon_pid(self, host: SandboxHost, daemon: str) -> int | None:
+        try:
+            pid = int((host.directory / "pids" / f"{daemon}.pid").read_text().strip())
+        except (FileNotFoundError, ValueError):
+            return None
+        return pid if pid_alive(pid) else None
+
+    # -- up ----------------------------------------------------------------------------------
+
+    def up(self, hosts: int = 1, size: InstanceSize | None = None,
+           progress: Callable[[str], None] = lambda _m: None) -> FleetConfig:
+        """Start `hosts` sandbox hosts (idempotent) and write the sandbox's hosts file."""
+        if not 1 <= hosts <= MAX_HOSTS:
+            raise SandboxError(f"the sandbox supports 1 to {MAX_HOSTS} hosts; {hosts} requested")
+        if os.geteuid() != 0:
+            raise SandboxError("the sandbox needs root (network namespaces, libvirtd)")
+        missing = [t for t in REQUIRED_TOOLS if shutil.which(t) is None]
+        if missing:
+            raise SandboxError(f"the sandbox needs {', '.join(missing)}: run `make deps` (installs Debian packages)")
+        existing = self.hosts()
+        if len(existing) > hosts:
+            raise SandboxError(
+                f"a sandbox with {len(existing)} host(s) is already up in {self.directory}; "
+                "run `pgcarve sandbox down` first to change the number of hosts"
+            )
+        self._wire_up(progress)
+        for index in range(hosts):
+            self._host_up(self.host(index), hosts, progress)
+        config = self.fleet_config(hosts, size)
+        write_fleet_config(config, self.directory / "hosts.yaml")
+        return config
+
+    def fleet_config(self, hosts: int, size: InstanceSize | None = None) -> FleetConfig:
+        host_configs = [
+            HostConfig(
+                name=h.name, uri=h.uri, role="primary" if h.index == 0 else "standby",
+                pool="pgcarve", pool_path="/var/lib/libvirt/pgcarve", network=NETWORK_NAME,
+                reach="sandbox", netns=h.netns,
+            )
+            for h in (self.host(i) for i in range(hosts))
+        ]
+        standbys = min(2, hosts - 1)
+        return FleetConfig(
+            fleet="pgc",
+            domain_type="auto",
+            instance=size or InstanceSize(vcpus=1, memory_mib=768, housekeeping_cpus=None, hugepages=False, disk_gib=8),
+            replication=Replication(standbys=standbys, sync_mode="FIRST", sync_count=1,
+                                    synchronous_commit="remote_write"),
+            allowed_cidrs=["10.77.0.0/16", "10.76.0.0/24"],
+            hosts=host_configs,
+        )
+
+    def _netns_exists(self, name: str) -> bool:
+        return Path(f"/run/netns/{name}").exists()
+
+    def _wire_up(self, progress: Callable[[str], None]) -> None:
+        if self._netns_exists(self.wire_netns):
+            return
+        progress(f"creating the sandbox wire (namespace {self.wire_netns})")
+        _run(["ip", "netns", "add", self.wire_netns])
+        _run(["ip", "-n", self.wire_netns, "link", "set", "lo", "up"])
+        _run(["ip", "-n", self.wire_netns, "link", "add", "wire0", "type", "bridge"])
+        _run(["ip", "-n", self.wire_netns, "link", "set", "wire0", "up"])
+
+    def _host_up(self, host: SandboxHost, total: int, progress: Callable[[str], None]) -> None:
+        if self._daemon_pid(host, "libvirtd"):
+            return
+        progress(f"starting sandbox host {host.name} (namespace {host.netns})")
+        for sub in ("etc", "lib", "log", "cache", "pids"):
+            (host.directory / sub).mkdir(parents=True, exist_ok=True)
+        host.socket_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
+        self._write_libvirt_config(host)
+        if not self._netns_exists(host.netns):
+            _run(["ip", "netns", "add", host.netns])
+            _run(["ip", "-n", host.netns, "link", "set", "lo", "up"])
+            # The host's uplink to the wire, and routes to the other hosts' guest networks.
+            _run(["ip", "-n", host.netns, "link", "add", "uplink", "type", "veth",
+                  "peer", "name", f"w{host.index}", "netns", self.wire_netns])
+            _run(["ip", "-n", self.wire_netns, "link", "set", f"w{host.index}", "master", "wire0", "up"])
+            _run(["ip", "-n", host.netns, "addr", "add", f"{WIRE_PREFIX}{host.index + 1}/24", "dev", "uplink"])
+            _run(["ip", "-n", host.netns, "link", "set", "uplink", "up"])
+            _run(["ip", "netns", "exec", host.netns, "sysctl", "-qw", "net.ipv4.ip_forward=1"])
+            for other in range(MAX_HOSTS):
+                if other != host.index:
+                    _run(["ip", "-n", host.netns, "route", "add", GUEST_NET.format(i=other),
+                          "via", f"{WIRE_PREFIX}{other + 1}"])
+        for pid_file in host.pid_files:
+            pid_file.unlink(missing_ok=True)
+        _run(["ip", "netns", "exec", host.netns, "unshare", "--mount", "--propagation", "private",
+              "sh", "-c", _START_DAEMONS, "pgcarve-sandbox", str(host.directory)])
+        lv = LibvirtHost(host.name, host.uri)
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                lv.ping()
+                break
+            except Exception as exc:
+                if time.monotonic() > deadline:
+                    log = host.directory / "log" / "libvirtd.log"
+                    tail = log.read_text()[-800:] if log.exists() else ""
+                    raise SandboxError(f"libvirtd for {host.name} did not answer in 30 s: {exc}\n{tail}") from None
+                time.sleep(0.2)
+        progress(f"{host.name}: network {NETWORK_NAME} 10.77.{host.index}.0/24 and storage pool")
+        lv.ensure_network(NETWORK_NAME, "pgcbr0", f"10.77.{host.index}.1", 24,
+                          f"10.77.{host.index}.10", f"10.77.{host.index}.250")
+        lv.ensure_pool()
+        lv.close()
+
+    def _write_libvirt_config(self, host: SandboxHost) -> None:
+        etc = host.directory / "etc"
+        log = "/var/log/libvirt"
+        (etc / "libvirtd.conf").write_text(
+            "# pgcarve sandbox host: unix socket only, in a directory outside the private /run\n"
+            f'unix_sock_dir = "{host.socket_dir}"\n'
+            'unix_sock_rw_perms = "0700"\n'
+            'auth_unix_rw = "none"\n'
+            'auth_unix_ro = "none"\n'
+            f'log_outputs = "3:file:{log}/libvirtd.log"\n'
+        )
+        (etc / "virtlogd.conf").write_text(f'log_outputs = "3:file:{log}/virtlogd.log"\n')
+        (etc / "qemu.conf").write_text(
+            "# Guests run as root inside the sandbox; no MAC security driver in a namespace.\n"
+            'user = "root"\ngroup = "root"\nsecurity_driver = "none"\nremember_owner = 0\n'
+        )
+        for name in ("network.conf",):
+            (etc / name).write_text("")
+
+    # -- down --------------------------------------------------------------------------------
+
+    def down(self, progress: Callable[[str], None] = lambda _m: None) -> None:
+        """Stop every guest, daemon, forward and namespace of this sandbox, by PID."""
+        self.forwards.remove_all()
+        for host in self.hosts():
+            progress(f"stopping sandbox host {host.name}")
+            if self._daemon_pid(host, "libvirtd"):
+                lv = LibvirtHost(host.name, host.uri)
+                with contextlib.suppress(Exception):
+                    for dom in lv.conn.listAllDomains(0):
+                        with contextlib.suppress(Exception):
+                            if dom.isActive():
+                                dom.destroy()
+                    for net in lv.conn.listAllNetworks(0):
+                        with contextlib.suppress(Exception):
+                            if net.isActive():
+                                net.destroy()
+                lv.close()
+            for daemon in ("libvirtd", "virtlogd"):
+                pid = self._daemon_pid(host, daemon)
+                if pid:
+                    stop_pid(pid)
+            if self._netns_exists(host.netns):
+                self._stop_namespace_processes(host.netns)
+                _run(["ip", "netns", "del", host.netns], check=False)
+            shutil.rmtree(host.directory, ignore_errors=True)
+            shutil.rmtree(host.socket_dir, ignore_errors=True)
+        if self._netns_exists(self.wire_netns):
+            _run(["ip", "netns", "del", self.wire_netns], check=False)
+        shutil.rmtree(self.socket_root, ignore_errors=True)
+        shutil.rmtree(self.directory / "forwards", ignore_errors=True)
+        (self.directory / "hosts.yaml").unlink(missing_ok=True)
+
+    def _stop_namespace_processes(self, netns: str) -> None:
+        """Processes still inside a namespace we created (e.g. qemu or dnsmasq left by a killed
+        libvirtd) are ours: stop them by PID before the namespace goes."""
+        for _ in range(2):
+            pids = [int(p) for p in _run(["ip", "netns", "pids", netns], check=False).stdout.split()]
+            if not pids:
+                return
+            for pid in pids:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGTERM)
+            deadline = time.monotonic() + 10
+            while time.monotonic() < deadline and any(pid_alive(p) for p in pids):
+                time.sleep(0.1)
+            for pid in pids:
+                if pid_alive(pid):
+                    with contextlib.suppress(ProcessLookupError):
+                        os.kill(pid, signal.SIGKILL)
+
+    def leftovers(self) -> list[str]:
+        """What of this sandbox still exists (empty when down left nothing behind)."""
+        left = []
+        for index in range(MAX_HOSTS):
+            host = self.host(index)
+            if self._netns_exists(host.netns):
+                left.append(f"namespace {host.netns}")
+            if host.directory.exists():
+                left.append(f"directory {host.directory}")
+        if self._netns_exists(self.wire_netns):
+            left.append(f"namespace {self.wire_netns}")
+        if self.socket_root.exists():
+            left.append(f"directory {self.socket_root}")
+        return left
