@@ -280,7 +280,8 @@ async def measure_poll(srvs: list[Server], seconds: float) -> dict[str, Any]:
     }
 
 
-async def _pgbench(srv: Server, script: Path, seconds: int) -> float:
+async def _pgbench(srv: Server, script: Path, seconds: int) -> tuple[int, float]:
+    """Run pgbench; (transactions processed, tps without initial connection time)."""
     proc = await asyncio.create_subprocess_exec(
         PGBENCH, "-h", "127.0.0.1", "-p", str(srv.port), "-U", "postgres", "-M", "prepared", "-n",
         "-c", "2", "-j", "2", "-T", str(seconds), "-f", str(script), "postgres",
@@ -289,10 +290,37 @@ async def _pgbench(srv: Server, script: Path, seconds: int) -> float:
     out, err = await proc.communicate()
     if proc.returncode != 0:
         raise RuntimeError(f"pgbench failed: {err.decode(errors='replace')[-2000:]}")
-    match = re.search(r"tps = ([0-9.]+) \(without initial connection time\)", out.decode())
-    if not match:
-        raise RuntimeError(f"no tps in pgbench output: {out.decode(errors='replace')}")
-    return float(match.group(1))
+    text = out.decode(errors="replace")
+    count = re.search(r"number of transactions actually processed: (\d+)", text)
+    tps = re.search(r"tps = ([0-9.]+) \(without initial connection time\)", text)
+    if not (count and tps):
+        raise RuntimeError(f"no tps in pgbench output: {text}")
+    return int(count.group(1)), float(tps.group(1))
+
+
+async def _pgbench_polled(collector: Collector, srv: Server, script: Path, seconds: int) -> tuple[float, float]:
+    """pgbench while ``collector`` polls at 1 Hz; (pgbench tps, collector tps over the run).
+
+    The collector's figure is the integral of its rate for ``srv`` from a baseline poll before
+    the run to a poll after the backends exited (they publish counts up to 1 s late), divided
+    by pgbench's run time.
+    """
+    stop = asyncio.Event()
+    runner = asyncio.create_task(collector.run(stop))
+    try:
+        while not collector.tracker.history(3600):
+            await asyncio.sleep(0.02)
+        start = time.time()
+        count, tps = await _pgbench(srv, script, seconds)
+        end = time.time()
+        while not [s for s in collector.tracker.history(3600) if s.at > end + 1.0]:
+            await asyncio.sleep(0.05)
+    finally:
+        stop.set()
+        await runner
+    rates = [s.instances[srv.name] for s in collector.tracker.history(3600) if s.at > start]
+    counted = sum(r.tps * r.interval_s for r in rates)
+    return tps, counted / (count / tps)
 
 
 async def measure_cost(srvs: list[Server], script: Path, seconds: int, rounds: int, poll_all: bool) -> dict[str, Any]:
@@ -301,27 +329,22 @@ async def measure_cost(srvs: list[Server], script: Path, seconds: int, rounds: i
     targets = [Target(s.name, f"127.0.0.1:{s.port}", s.dsn) for s in polled]
     off: list[float] = []
     on: list[float] = []
-    collector_tps: list[float] = []
+    measured: list[float] = []
     await _pgbench(bench_srv, script, 3)  # warm-up: table and caches, not measured
     for i in range(rounds):
         # Alternate the order so drift (table growth, page cache) does not favour one side.
         for with_collector in (False, True) if i % 2 == 0 else (True, False):
             if not with_collector:
-                off.append(await _pgbench(bench_srv, script, seconds))
+                off.append((await _pgbench(bench_srv, script, seconds))[1])
                 continue
-            col = Collector(lambda: targets, RateTracker(history_seconds=max(60, 4 * seconds)), interval_s=1.0)
-            stop = asyncio.Event()
-            runner = asyncio.create_task(col.run(stop))
+            col = Collector(lambda: targets, RateTracker(), interval_s=1.0)
             try:
-                on.append(await _pgbench(bench_srv, script, seconds))
+                tps, seen = await _pgbench_polled(col, bench_srv, script, seconds)
             finally:
-                stop.set()
-                await runner
-                snaps = col.tracker.history(seconds)
                 await col.aclose()
-            busy = [s.instances[bench_srv.name].tps for s in snaps if bench_srv.name in s.instances]
-            collector_tps.append(statistics.fmean(busy) if busy else 0.0)
-            log(f"cost round {i + 1}/{rounds}: off {off[-1] if off else 'n/a'} on {on[-1]:.1f}")
+            on.append(tps)
+            measured.append(seen)
+        log(f"cost round {i + 1}/{rounds}: without {off[-1]:.1f} tps, with {on[-1]:.1f} tps")
     mean_off, mean_on = statistics.fmean(off), statistics.fmean(on)
     return {
         "polled_instances": len(polled),
@@ -332,8 +355,13 @@ async def measure_cost(srvs: list[Server], script: Path, seconds: int, rounds: i
         "mean_tps_without": round(mean_off, 1),
         "mean_tps_with": round(mean_on, 1),
         "tps_change_pct": round(100 * (mean_on - mean_off) / mean_off, 2),
+        # Each round's two runs are back to back: their difference cancels slow drift.
+        "paired_change_pct_median": round(
+            statistics.median(100 * (b - a) / a for a, b in zip(off, on, strict=True)), 2
+        ),
         "noise_stdev_pct_without": round(100 * statistics.pstdev(off) / mean_off, 2),
-        "collector_mean_tps_during_runs": [round(x, 1) for x in collector_tps],
+        "noise_stdev_pct_with": round(100 * statistics.pstdev(on) / mean_on, 2),
+        "collector_tps_vs_pgbench_pct": [round(100 * (m - t) / t, 3) for m, t in zip(measured, on, strict=True)],
     }
 
 
@@ -344,7 +372,7 @@ def main() -> int:
     parser.add_argument("--seconds", type=float, default=30.0, help="polling time for the poll mode")
     parser.add_argument("--mode", choices=("poll", "cost", "both"), default="poll")
     parser.add_argument("--cost-seconds", type=int, default=10, help="length of each pgbench run")
-    parser.add_argument("--cost-rounds", type=int, default=3, help="pgbench runs with and without")
+    parser.add_argument("--cost-rounds", type=int, default=6, help="pgbench runs with and without")
     parser.add_argument(
         "--cost-poll",
         choices=("one", "all"),
@@ -367,7 +395,11 @@ def main() -> int:
     # SIGTERM takes the same way out as Ctrl-C, so the servers still get stopped.
     signal.signal(signal.SIGTERM, lambda *_: (_ for _ in ()).throw(KeyboardInterrupt()))
     base = Path(tempfile.mkdtemp(prefix="pgcarve-collector-bench-"))
-    result: dict[str, Any] = {"host_cpus": os.cpu_count(), "server_settings": list(SERVER_SETTINGS)}
+    result: dict[str, Any] = {
+        "host_cpus": os.cpu_count(),
+        "loadavg_1m_before": round(os.getloadavg()[0], 2),
+        "server_settings": list(SERVER_SETTINGS),
+    }
     try:
         if os.geteuid() == 0:
             shutil.chown(base, "postgres", "postgres")
@@ -389,6 +421,7 @@ def main() -> int:
                 )
     finally:
         shutil.rmtree(base, ignore_errors=True)
+    result["loadavg_1m_after"] = round(os.getloadavg()[0], 2)
     print(json.dumps(result, indent=2))
     return 0
 

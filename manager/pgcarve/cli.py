@@ -39,7 +39,8 @@ from pgcarve.planner import explain, plan_host, plan_to_dict
 from pgcarve.sandbox import Sandbox
 
 console = Console(stderr=True)
-out = Console()
+# Tables hold DSNs: never truncate them, even when stdout is not a terminal.
+out = Console(width=max(Console().width, 140))
 
 EXIT_CODES: dict[type[PgcarveError], int] = {
     ConfigError: 2,
@@ -226,6 +227,27 @@ def cmd_plan(args: argparse.Namespace, paths: Paths) -> int:
     return 0
 
 
+def cmd_load(args: argparse.Namespace, paths: Paths) -> int:
+    from pgcarve.load import run_on_primaries
+
+    fleet = Fleet(load_config(paths, args.hosts_file), paths)
+    console.print(f"pgbench: insert-only, {args.clients} clients x {args.jobs} threads, {args.seconds} s "
+                  "on every primary at once")
+    results = run_on_primaries(fleet, args.clients, args.jobs, args.seconds)
+    table = Table(title="pgbench insert into test(info) values (null)")
+    for column in ("instance", "TPS", "latency avg (ms)", "transactions", "failed"):
+        table.add_column(column, justify="right")
+    for r in results:
+        table.add_row(r.instance, f"{r.tps:,.1f}", f"{r.latency_avg_ms or 0:.2f}", str(r.transactions), str(r.failed))
+    table.add_row("[bold]total", f"[bold]{sum(r.tps for r in results):,.1f}", "", str(sum(r.transactions for r in results)),
+                  str(sum(r.failed for r in results)))
+    out.print(table)
+    if args.json:
+        Path(args.json).write_text(json.dumps([{k: v for k, v in r.__dict__.items() if k != "output"}
+                                               for r in results], indent=2))
+    return 0
+
+
 def read_server(paths: Paths) -> dict[str, Any] | None:
     try:
         data: dict[str, Any] = json.loads(paths.server_file.read_text())
@@ -309,6 +331,13 @@ def build_parser() -> argparse.ArgumentParser:
     plan.add_argument("--host", help="only this host")
     plan.add_argument("--format", choices=["text", "json", "tfvars"], default="text")
     plan.set_defaults(func=cmd_plan)
+
+    load = sub.add_parser("load", help="run the experiment's insert-only pgbench on every primary")
+    load.add_argument("--seconds", type=int, default=20)
+    load.add_argument("--clients", type=int, default=8)
+    load.add_argument("--jobs", type=int, default=2)
+    load.add_argument("--json", help="also write the results to this file")
+    load.set_defaults(func=cmd_load)
 
     scale = sub.add_parser("scale", help="ask the running API server to scale to N instances")
     scale.add_argument("instances", type=int)

@@ -1,0 +1,48 @@
+"""Dependencies shared by the routes: the manager service, settings, and the token checks."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+from fastapi import Depends, HTTPException, Request, status
+from pgcarve.service import ManagerService
+
+from pgcarve_api.security import token_matches
+from pgcarve_api.settings import Settings, get_settings
+
+SettingsDep = Annotated[Settings, Depends(get_settings)]
+
+
+def get_service(request: Request) -> ManagerService:
+    service: ManagerService = request.app.state.service
+    return service
+
+
+ServiceDep = Annotated[ManagerService, Depends(get_service)]
+
+
+def _bearer(request: Request) -> str | None:
+    header = request.headers.get("authorization", "")
+    scheme, _, value = header.partition(" ")
+    return value.strip() if scheme.lower() == "bearer" else None
+
+
+def require_token(request: Request) -> None:
+    """Every mutation needs `Authorization: Bearer <token>`."""
+    if not token_matches(_bearer(request), request.app.state.token):
+        raise HTTPException(
+            status_code=status.HTTP_401_UNAUTHORIZED,
+            detail="missing or wrong API token: send 'Authorization: Bearer <token>' "
+            "(PGCARVE_TOKEN, or the api-token file in the state directory)",
+            headers={"WWW-Authenticate": "Bearer"},
+        )
+
+
+def require_read_access(request: Request) -> None:
+    """Reads are open on loopback; bound elsewhere, they need the token too."""
+    if not request.app.state.loopback_only:
+        require_token(request)
+
+
+MutationAuth = Depends(require_token)
+ReadAuth = Depends(require_read_access)

@@ -1,0 +1,148 @@
+"""The FastAPI application: routers, error mapping, body limits and the service's lifecycle."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import AsyncIterator, Awaitable, Callable
+
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse, Response
+from fastapi.staticfiles import StaticFiles
+from pgcarve.config import Paths, load_fleet_config
+from pgcarve.errors import (
+    CapacityError,
+    ConfigError,
+    Conflict,
+    GuestNotReady,
+    HostUnreachable,
+    ImageMissing,
+    LibvirtFailure,
+    NotFound,
+    PgcarveError,
+)
+from pgcarve.service import ManagerService
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from pgcarve_api.metrics import build_registry
+from pgcarve_api.routes import dashboard, health, hosts, instances, metrics, plan, scale, tps
+from pgcarve_api.routes.dashboard import STATIC_DIR
+from pgcarve_api.security import load_or_create_token
+from pgcarve_api.settings import Settings, get_settings
+
+log = logging.getLogger("pgcarve.api")
+
+# pgcarve's error categories -> HTTP statuses, in this one place.
+STATUS_FOR_ERROR: dict[type[PgcarveError], int] = {
+    ConfigError: 422,
+    CapacityError: 409,
+    Conflict: 409,
+    NotFound: 404,
+    ImageMissing: 503,
+    HostUnreachable: 503,
+    LibvirtFailure: 502,
+    GuestNotReady: 504,
+}
+
+
+class BodyLimit:
+    """Refuse request bodies over `limit` bytes with 413, before any route sees them."""
+
+    def __init__(self, app: ASGIApp, limit: int):
+        self.app = app
+        self.limit = limit
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        declared = dict(scope.get("headers") or []).get(b"content-length")
+        if declared is not None and (not declared.isdigit() or int(declared) > self.limit):
+            await self._refuse(send)
+            return
+        seen = 0
+
+        async def limited() -> Message:
+            nonlocal seen
+            message = await receive()
+            if message["type"] == "http.request":
+                seen += len(message.get("body", b""))
+                if seen > self.limit:
+                    raise _TooLarge
+            return message
+
+        try:
+            await self.app(scope, limited, send)
+        except _TooLarge:
+            await self._refuse(send)
+
+    async def _refuse(self, send: Send) -> None:
+        response = JSONResponse({"detail": f"request body larger than {self.limit} bytes"}, status_code=413)
+        await response({"type": "http"}, _empty_receive, send)
+
+
+class _TooLarge(Exception):
+    pass
+
+
+async def _empty_receive() -> Message:
+    return {"type": "http.request", "body": b"", "more_body": False}
+
+
+def create_app(settings: Settings | None = None, service: ManagerService | None = None) -> FastAPI:
+    """The app; pass a service to share one (tests), else it is built from the settings."""
+    settings = settings or get_settings()
+    paths = Paths(settings.state_dir)
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        owned = app.state.service is None
+        if owned:
+            config = load_fleet_config(paths.hosts_file(str(settings.hosts_file) if settings.hosts_file else None))
+            app.state.service = ManagerService(config, paths, refresh_s=settings.refresh_s,
+                                               collect=settings.collect,
+                                               collect_interval_s=settings.collect_interval_s)
+            app.state.service.start()
+        app.state.registry = build_registry(app.state.service)
+        stop = asyncio.Event()
+        collector = asyncio.create_task(app.state.service.run_collector(stop))
+        try:
+            yield
+        finally:
+            stop.set()
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(collector, 10)
+            if owned:
+                app.state.service.stop()
+
+    app = FastAPI(
+        title="pgcarve",
+        version="0.1.0",
+        description="Carve a host into pinned guests, one synchronously replicated PostgreSQL primary each.",
+        lifespan=lifespan,
+    )
+    app.state.service = service
+    app.state.loopback_only = settings.loopback_only
+    app.state.token, created = load_or_create_token(settings.token, paths.token_file)
+    if created:
+        log.warning("generated a new API token in %s (mode 0600)", paths.token_file)
+
+    @app.exception_handler(PgcarveError)
+    async def pgcarve_error(_request: Request, exc: PgcarveError) -> JSONResponse:
+        status = next((code for kind, code in STATUS_FOR_ERROR.items() if isinstance(exc, kind)), 500)
+        return JSONResponse({"detail": str(exc)}, status_code=status)
+
+    @app.middleware("http")
+    async def no_sniff(request: Request, call_next: Callable[[Request], Awaitable[Response]]) -> Response:
+        response = await call_next(request)
+        response.headers.setdefault("X-Content-Type-Options", "nosniff")
+        response.headers.setdefault("X-Frame-Options", "DENY")
+        return response
+
+    for module in (health, hosts, instances, scale, plan, tps, metrics, dashboard):
+        app.include_router(module.router)
+    STATIC_DIR.mkdir(exist_ok=True)
+    app.mount("/static", StaticFiles(directory=STATIC_DIR), name="static")
+    app.add_middleware(BodyLimit, limit=settings.max_body_bytes)
+    return app

@@ -1,0 +1,97 @@
+"""Request and response models: the public contract (paths and field names are relied upon)."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+
+class Health(BaseModel):
+    status: Literal["ok"] = "ok"
+
+
+class HostOut(BaseModel):
+    name: str
+    uri: str
+    role: Literal["primary", "standby"]
+    cpus: int
+    numa_nodes: int
+    memory_mib: int
+    free_cpus: int
+    instances: int
+
+
+class StandbyOut(BaseModel):
+    name: str
+    host: str
+    state: str | None
+    sync_state: str | None
+    replay_lag_bytes: int | None
+
+
+class InstanceOut(BaseModel):
+    name: str
+    host: str | None
+    state: str
+    vcpus: list[int] = Field(description="host CPU ids the instance's vCPUs are pinned to")
+    memory_mib: int
+    dsn: str | None = Field(description="postgresql:// URI without the password")
+    standbys: list[StandbyOut]
+
+
+class ScaleIn(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    instances: int = Field(ge=0, le=100000, strict=True, description="the number of instances wanted")
+
+
+class ScaleAccepted(BaseModel):
+    operation: str
+    status: Literal["pending", "running", "succeeded", "failed"]
+    target: int
+
+
+class OperationOut(BaseModel):
+    id: str
+    kind: str
+    status: Literal["pending", "running", "succeeded", "failed"]
+    target: int
+    progress: float = Field(ge=0, le=1)
+    message: str
+    error: str | None
+    created_at: float
+    started_at: float | None
+    finished_at: float | None
+    steps: dict[str, dict[str, object]]
+
+
+class SlotOut(BaseModel):
+    index: int
+    host_cpus: list[int]
+    numa_node: int
+    memory_mib: int
+
+
+class HostPlanOut(BaseModel):
+    host: str
+    role: str
+    housekeeping_cpus: list[int]
+    emulator_cpus: list[int]
+    capacity: int
+    slots: list[SlotOut]
+    notes: list[str]
+    explanation: str
+
+
+class InstanceRateOut(BaseModel):
+    tps: float
+    qps: float | None
+    replay_lag_bytes: int | None
+
+
+class TpsOut(BaseModel):
+    aggregate_tps: float
+    aggregate_qps: float
+    window_s: float
+    at: float
+    instances: dict[str, InstanceRateOut]

@@ -1,0 +1,106 @@
+"""Insert load with pgbench, the experiment's way.
+
+The experiment (shared/seeds) ran one table `test(id serial primary key, info text, crt_time
+timestamp)` and the script `insert into test(info) values (null);` as
+`pgbench -M prepared -n -r -P 1 -f test3.sql -c 64 -j 64 -T 120`. Every transaction is one
+commit that waits for the synchronous standby, which is what carving is about.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+import tempfile
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+
+from pgcarve.errors import ConfigError, PgcarveError
+from pgcarve.fleet import Fleet, Guest
+
+INSERT_SCRIPT = "insert into test(info) values (null);\n"
+CREATE_TABLE = "create table if not exists test(id serial primary key, info text, crt_time timestamp)"
+TPS_RE = re.compile(r"^tps = ([0-9.]+) \((?:without initial connection time|excluding connections establishing)\)",
+                    re.M)
+LATENCY_RE = re.compile(r"^latency average = ([0-9.]+) ms", re.M)
+TXNS_RE = re.compile(r"^number of transactions actually processed: (\d+)", re.M)
+FAILED_RE = re.compile(r"^number of failed transactions: (\d+)", re.M)
+
+
+@dataclass(frozen=True)
+class PgbenchResult:
+    instance: str
+    tps: float
+    latency_avg_ms: float | None
+    transactions: int
+    failed: int
+    started_at: float  # wall clock, when pgbench was started
+    finished_at: float
+    output: str
+
+
+def pgbench_path() -> str:
+    path = shutil.which("pgbench")
+    if path is None:
+        raise ConfigError("pgbench is not installed: run `make deps` (Debian package postgresql-client)")
+    return path
+
+
+def parse_pgbench(instance: str, output: str, started_at: float, finished_at: float) -> PgbenchResult:
+    tps = TPS_RE.search(output)
+    if tps is None:
+        raise PgcarveError(f"pgbench on {instance} printed no TPS line:\n{output[-600:]}")
+    latency = LATENCY_RE.search(output)
+    txns = TXNS_RE.search(output)
+    failed = FAILED_RE.search(output)
+    return PgbenchResult(
+        instance=instance,
+        tps=float(tps.group(1)),
+        latency_avg_ms=float(latency.group(1)) if latency else None,
+        transactions=int(txns.group(1)) if txns else 0,
+        failed=int(failed.group(1)) if failed else 0,
+        started_at=started_at,
+        finished_at=finished_at,
+        output=output,
+    )
+
+
+def run_pgbench(fleet: Fleet, guest: Guest, clients: int, jobs: int, seconds: int,
+                script: str = INSERT_SCRIPT, extra_args: tuple[str, ...] = ()) -> PgbenchResult:
+    """Run pgbench against one guest; the load is bounded by -T seconds."""
+    import time
+
+    if not (1 <= clients <= 1000 and 1 <= jobs <= clients and 1 <= seconds <= 3600):
+        raise ConfigError("pgbench: need 1 <= jobs <= clients <= 1000 and 1 <= seconds <= 3600")
+    if guest.endpoint is None:
+        raise PgcarveError(f"{guest.name} has no reachable endpoint")
+    with fleet.connect(guest) as conn:
+        conn.execute(CREATE_TABLE)
+    host, port = guest.endpoint
+    with tempfile.TemporaryDirectory(prefix="pgcarve-pgbench-") as tmp:
+        script_file = Path(tmp) / "insert.sql"
+        script_file.write_text(script)
+        env = dict(os.environ, PGPASSWORD=fleet.credentials.admin_password, PGCONNECT_TIMEOUT="10")
+        started = time.time()
+        proc = subprocess.run(
+            [pgbench_path(), "-h", host, "-p", str(port), "-U", "pgcarve", "-M", "prepared", "-n", "-r",
+             "-f", str(script_file), "-c", str(clients), "-j", str(jobs), "-T", str(seconds), *extra_args,
+             "postgres"],
+            capture_output=True, text=True, env=env, timeout=seconds + 120, check=False,
+        )
+        finished = time.time()
+    if proc.returncode != 0:
+        raise PgcarveError(f"pgbench on {guest.name} failed (exit {proc.returncode}): {proc.stderr.strip()[-600:]}")
+    return parse_pgbench(guest.name, proc.stdout + proc.stderr, started, finished)
+
+
+def run_on_primaries(fleet: Fleet, clients: int, jobs: int, seconds: int) -> list[PgbenchResult]:
+    """pgbench on every running primary at the same time."""
+    primaries = [inst.primary for inst in fleet.observe() if inst.primary and inst.primary.endpoint]
+    if not primaries:
+        raise PgcarveError("no running primary to load: create instances first (`pgcarve up --instances N`)")
+    with ThreadPoolExecutor(max_workers=len(primaries)) as pool:
+        futures = [pool.submit(run_pgbench, fleet, g, clients, jobs, seconds) for g in primaries]
+        return [f.result() for f in futures]

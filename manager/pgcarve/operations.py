@@ -1,0 +1,161 @@
+"""Scale operations: accepted requests, run one at a time, with progress an operator can follow.
+
+Every accepted `PUT /v1/scale` becomes an Operation. A single worker runs them in order; when
+several are waiting, only the newest runs and the older ones fail as "superseded", so the fleet
+ends at the last accepted request without walking through every intermediate size. Operations
+are journaled to the state directory, so a manager that is killed mid-operation finds the
+unfinished one on restart and runs it again to completion (scaling is idempotent).
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+import uuid
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Literal
+
+Status = Literal["pending", "running", "succeeded", "failed"]
+
+
+@dataclass
+class Operation:
+    id: str
+    kind: str
+    target: int
+    status: Status = "pending"
+    progress: float = 0.0
+    message: str = "waiting to start"
+    error: str | None = None
+    created_at: float = field(default_factory=time.time)
+    started_at: float | None = None
+    finished_at: float | None = None
+    steps: dict[str, dict[str, object]] = field(default_factory=dict)  # per guest: step, fraction
+
+    def public(self) -> dict[str, object]:
+        return asdict(self)
+
+
+class OperationQueue:
+    """Accepts operations and runs them one at a time on a worker thread."""
+
+    def __init__(self, run: Callable[[Operation], None], journal: Path | None = None, keep: int = 200):
+        self._run = run
+        self._journal = journal
+        self._keep = keep
+        self._ops: dict[str, Operation] = {}
+        self._pending: list[str] = []
+        self._cond = threading.Condition()
+        self._stopped = False
+        self._thread = threading.Thread(target=self._worker, name="pgcarve-operations", daemon=True)
+        self.counts: dict[str, int] = {"accepted": 0, "succeeded": 0, "failed": 0, "superseded": 0}
+
+    def start(self) -> list[Operation]:
+        """Start the worker; returns operations found unfinished in the journal (re-queued)."""
+        resumed = self._load_journal()
+        self._thread.start()
+        return resumed
+
+    def stop(self) -> None:
+        with self._cond:
+            self._stopped = True
+            self._cond.notify_all()
+
+    def submit(self, kind: str, target: int) -> Operation:
+        op = Operation(id=uuid.uuid4().hex[:12], kind=kind, target=target)
+        with self._cond:
+            self._ops[op.id] = op
+            self._pending.append(op.id)
+            self.counts["accepted"] += 1
+            self._save()
+            self._cond.notify_all()
+        return op
+
+    def get(self, op_id: str) -> Operation | None:
+        with self._cond:
+            return self._ops.get(op_id)
+
+    def all(self) -> list[Operation]:
+        with self._cond:
+            return sorted(self._ops.values(), key=lambda o: o.created_at)
+
+    def active(self) -> list[Operation]:
+        return [op for op in self.all() if op.status in ("pending", "running")]
+
+    def update(self, op: Operation, **changes: object) -> None:
+        with self._cond:
+            for key, value in changes.items():
+                setattr(op, key, value)
+            self._save()
+
+    def wait_idle(self, timeout_s: float) -> bool:
+        deadline = time.monotonic() + timeout_s
+        with self._cond:
+            while self._pending or any(o.status == "running" for o in self._ops.values()):
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    return False
+                self._cond.wait(remaining)
+            return True
+
+    def _worker(self) -> None:
+        while True:
+            with self._cond:
+                while not self._pending and not self._stopped:
+                    self._cond.wait()
+                if self._stopped:
+                    return
+                newest = self._pending[-1]
+                for op_id in self._pending[:-1]:
+                    old = self._ops[op_id]
+                    old.status, old.finished_at = "failed", time.time()
+                    old.error = f"superseded by a later scale request (operation {newest}) before it started"
+                    self.counts["superseded"] += 1
+                self._pending.clear()
+                op = self._ops[newest]
+                op.status, op.started_at, op.message = "running", time.time(), "starting"
+                self._save()
+            try:
+                self._run(op)
+                final: dict[str, object] = {"status": "succeeded", "progress": 1.0, "message": "done"}
+                self.counts["succeeded"] += 1
+            except Exception as exc:
+                final = {"status": "failed", "error": str(exc) or type(exc).__name__, "message": "failed"}
+                self.counts["failed"] += 1
+            with self._cond:
+                for key, value in final.items():
+                    setattr(op, key, value)
+                op.finished_at = time.time()
+                self._save()
+                self._cond.notify_all()
+
+    # -- journal -------------------------------------------------------------------------------
+
+    def _save(self) -> None:
+        if self._journal is None:
+            return
+        ops = sorted(self._ops.values(), key=lambda o: o.created_at)[-self._keep:]
+        tmp = self._journal.with_suffix(".tmp")
+        tmp.write_text(json.dumps([o.public() for o in ops], indent=1))
+        tmp.replace(self._journal)
+
+    def _load_journal(self) -> list[Operation]:
+        if self._journal is None or not self._journal.exists():
+            return []
+        try:
+            records = json.loads(self._journal.read_text())
+        except json.JSONDecodeError:
+            return []
+        resumed = []
+        with self._cond:
+            for record in records:
+                op = Operation(**record)
+                self._ops[op.id] = op
+                if op.status in ("pending", "running"):
+                    op.status, op.message = "pending", "resumed after a manager restart"
+                    self._pending.append(op.id)
+                    resumed.append(op)
+        return resumed

@@ -1,0 +1,219 @@
+"""The manager as a long-running service: what the REST API and the dashboard talk to.
+
+Holds the fleet, the scale operation queue, a cached view of the instances (refreshed in the
+background and after every operation, so reads never wait on libvirt or PostgreSQL) and the
+TPS collector. Raises pgcarve errors only; the API maps them to HTTP statuses in one place.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import threading
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from pgcarve.collector import Collector, StandbyState, Target
+from pgcarve.config import FleetConfig, Paths
+from pgcarve.errors import CapacityError, ConfigError, NotFound, PgcarveError
+from pgcarve.fleet import Fleet, Instance
+from pgcarve.guest_config import ADMIN_USER, application_name
+from pgcarve.operations import Operation, OperationQueue
+from pgcarve.planner import explain, plan_host, plan_to_dict
+from pgcarve.rates import RateTracker, Snapshot
+from pgcarve.scaler import Scaler
+
+log = logging.getLogger("pgcarve.service")
+
+
+@dataclass(frozen=True)
+class FleetView:
+    """The instances as last observed (immutable; replaced wholesale on refresh)."""
+
+    instances: tuple[Instance, ...]
+    observed_at: float
+    error: str | None = None
+
+
+class ManagerService:
+    def __init__(self, config: FleetConfig, paths: Paths, refresh_s: float = 2.0, collect: bool = True,
+                 collect_interval_s: float = 1.0):
+        self.config = config
+        self.paths = paths
+        self.fleet = Fleet(config, paths)
+        self.scaler = Scaler(self.fleet)
+        paths.state_dir.mkdir(parents=True, exist_ok=True)
+        self.operations = OperationQueue(self._run_operation, journal=paths.state_dir / "operations.json")
+        self.tracker = RateTracker(history_seconds=3600)
+        self.collector = Collector(self._targets, self.tracker, interval_s=collect_interval_s) if collect else None
+        self.refresh_s = refresh_s
+        self._view = FleetView(instances=(), observed_at=0.0)
+        self._view_lock = threading.Lock()
+        self._refresh_wanted = threading.Event()
+        self._stop = threading.Event()
+        self._refresher = threading.Thread(target=self._refresh_loop, name="pgcarve-refresh", daemon=True)
+        self._scale_lock = threading.Lock()
+
+    # -- lifecycle ---------------------------------------------------------------------------
+
+    def start(self) -> None:
+        self.refresh()
+        resumed = self.operations.start()
+        for op in resumed:
+            log.warning("resuming operation %s (scale to %d) left unfinished by a previous manager", op.id, op.target)
+        self._refresher.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._refresh_wanted.set()
+        self.operations.stop()
+        self.fleet.close()
+
+    async def run_collector(self, stop: asyncio.Event) -> None:
+        if self.collector is None:
+            return
+        try:
+            await self.collector.run(stop)
+        finally:
+            await self.collector.aclose()
+
+    # -- view --------------------------------------------------------------------------------
+
+    def refresh(self) -> FleetView:
+        try:
+            view = FleetView(instances=tuple(self.fleet.observe()), observed_at=time.time())
+        except PgcarveError as exc:
+            log.error("could not observe the fleet: %s", exc)
+            with self._view_lock:
+                view = FleetView(self._view.instances, self._view.observed_at, error=str(exc))
+        with self._view_lock:
+            self._view = view
+        return view
+
+    def _refresh_loop(self) -> None:
+        while not self._stop.is_set():
+            self._refresh_wanted.wait(self.refresh_s)
+            self._refresh_wanted.clear()
+            if not self._stop.is_set():
+                self.refresh()
+
+    @property
+    def view(self) -> FleetView:
+        with self._view_lock:
+            return self._view
+
+    def _targets(self) -> list[Target]:
+        creds = self.fleet.credentials
+        targets = []
+        for inst in self.view.instances:
+            guest = inst.primary
+            if guest is not None and guest.endpoint is not None:
+                host, port = guest.endpoint
+                dsn = (f"host={host} port={port} user={ADMIN_USER} password={creds.admin_password} "
+                       "dbname=postgres connect_timeout=3")
+                targets.append(Target(instance=inst.name, host=guest.info.host, dsn=dsn))
+        return targets
+
+    # -- reads -------------------------------------------------------------------------------
+
+    def hosts(self) -> list[dict[str, Any]]:
+        guests_by_host: dict[str, list[tuple[int, ...]]] = {h.name: [] for h in self.config.hosts}
+        for inst in self.view.instances:
+            for guest in (*((inst.primary,) if inst.primary else ()), *inst.standbys):
+                guests_by_host.setdefault(guest.info.host, []).append(guest.host_cpus)
+        result = []
+        for host in self.config.hosts:
+            topo = self.fleet.topology(host.name)
+            used = {c for cpus in guests_by_host[host.name] for c in cpus}
+            result.append({
+                "name": host.name, "uri": host.uri, "role": host.role, "cpus": topo.cpu_count,
+                "numa_nodes": len(topo.nodes), "memory_mib": topo.memory_mib,
+                "free_cpus": topo.cpu_count - len(used), "instances": len(guests_by_host[host.name]),
+            })
+        return result
+
+    def replication(self, instance: str) -> list[StandbyState]:
+        return self.collector.replication(instance) if self.collector else []
+
+    def instance_docs(self) -> list[dict[str, Any]]:
+        return [self._instance_doc(inst) for inst in self.view.instances]
+
+    def instance_doc(self, name: str) -> dict[str, Any]:
+        for inst in self.view.instances:
+            if inst.name == name:
+                return self._instance_doc(inst)
+        raise NotFound(f"no instance named {name!r}")
+
+    def _instance_doc(self, inst: Instance) -> dict[str, Any]:
+        primary = inst.primary
+        rows = {r.application_name: r for r in self.replication(inst.name)}
+        standbys = []
+        for guest in inst.standbys:
+            row = rows.get(application_name(guest.name))
+            standbys.append({
+                "name": guest.name, "host": guest.info.host,
+                "state": row.state if row and row.state else ("not streaming" if guest.info.state == "running"
+                                                              else guest.info.state),
+                "sync_state": row.sync_state if row else None,
+                "replay_lag_bytes": row.lag_bytes if row else None,
+            })
+        return {
+            "name": inst.name,
+            "host": primary.info.host if primary else None,
+            "state": primary.info.state if primary else "missing",
+            "vcpus": list(primary.host_cpus) if primary else [],
+            "memory_mib": primary.info.memory_mib if primary else 0,
+            "dsn": self.fleet.dsn(primary.endpoint) if primary and primary.endpoint else None,
+            "standbys": standbys,
+        }
+
+    def plan(self, instances: int) -> list[dict[str, Any]]:
+        if instances < 0:
+            raise ConfigError(f"instances must be >= 0, not {instances}")
+        docs = []
+        for host in self.config.hosts:
+            topo = self.fleet.topology(host.name)
+            plan = plan_host(topo, self.fleet.planner_config, instances)
+            docs.append({"host": host.name, "role": host.role, **plan_to_dict(plan),
+                         "explanation": explain(plan, topo, self.fleet.planner_config)})
+        return docs
+
+    def snapshot(self) -> Snapshot:
+        return self.tracker.snapshot()
+
+    # -- scaling -----------------------------------------------------------------------------
+
+    def request_scale(self, instances: int) -> Operation:
+        """Validate and queue a scale; raises (and changes nothing) if it can never succeed."""
+        self.fleet.check_capacity(instances)
+        return self.operations.submit("scale", instances)
+
+    def _run_operation(self, op: Operation) -> None:
+        lock = threading.Lock()
+
+        def progress(name: str, step: str, fraction: float) -> None:
+            with lock:
+                steps = dict(op.steps)
+                steps[name] = {"step": step, "fraction": round(fraction, 3)}
+                overall = sum(float(s["fraction"]) for s in steps.values()) / max(1, len(steps))  # type: ignore[arg-type]
+                self.operations.update(op, steps=steps, progress=round(min(0.99, overall), 3),
+                                       message=f"{name}: {step}")
+
+        try:
+            plan = self.scaler.scale(op.target, progress)
+            self.operations.update(op, message=f"created {len(plan.create)}, removed {len(plan.remove)}")
+        except CapacityError:
+            raise
+        finally:
+            self.refresh()
+            self._refresh_wanted.set()
+
+    def wait_idle(self, timeout_s: float) -> bool:
+        return self.operations.wait_idle(timeout_s)
+
+
+def close_quietly(service: ManagerService) -> None:
+    with contextlib.suppress(Exception):
+        service.stop()
