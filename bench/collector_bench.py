@@ -150,6 +150,13 @@ class Server:
             except subprocess.TimeoutExpired:
                 continue
 
+    def process_pids(self) -> list[int]:
+        """The postmaster and all its children."""
+        if self.proc is None:
+            return []
+        children = Path(f"/proc/{self.proc.pid}/task/{self.proc.pid}/children").read_text().split()
+        return [self.proc.pid, *(int(pid) for pid in children)]
+
     def backend_pids(self) -> list[int]:
         """Client backends of this postmaster (its children titled with a 127.0.0.1 peer)."""
         if self.proc is None:
@@ -177,6 +184,20 @@ def _cpu_seconds(pids: list[int]) -> float:
             continue
         total += (int(fields[11]) + int(fields[12])) / tick
     return total
+
+
+def _pss_mb(pids: list[int]) -> float:
+    """Proportional set size of processes (shared memory split between its users), in MB."""
+    total_kb = 0
+    for pid in pids:
+        try:
+            for line in Path(f"/proc/{pid}/smaps_rollup").read_text().splitlines():
+                if line.startswith("Pss:"):
+                    total_kb += int(line.split()[1])
+                    break
+        except OSError:
+            continue
+    return total_kb / 1024
 
 
 def _run_pg(*args: str) -> None:
@@ -257,6 +278,8 @@ async def measure_poll(srvs: list[Server], seconds: float) -> dict[str, Any]:
         cpu1, wall1 = time.process_time(), time.monotonic()
         server_cpu1 = _cpu_seconds(backends)
         errors = dict(col.last_errors())
+        # With the collector's sessions still open: they are part of what polling costs.
+        pss = _pss_mb([pid for s in srvs for pid in s.process_pids()]) / len(srvs)
         last = col.tracker.history(1)[-1]
     finally:
         await col.aclose()
@@ -273,6 +296,10 @@ async def measure_poll(srvs: list[Server], seconds: float) -> dict[str, Any]:
         "round_ms_max": round(max(rounds), 2),
         "connect_round_ms": round(connect_round_s * 1000, 1),
         "server_backends_cpu_pct_of_one_core": round(100 * (server_cpu1 - server_cpu0) / wall, 2),
+        "server_cpu_ms_per_instance_poll": round(
+            1000 * (server_cpu1 - server_cpu0) / max(1, len(rounds) * len(srvs)), 3
+        ),
+        "server_pss_mb_per_instance_polled": round(pss, 1),
         "errors": errors,
         "instances_with_rate": sum(r.has_rate for r in last.instances.values()),
         "idle_aggregate_tps": round(last.aggregate_tps, 3),
@@ -409,7 +436,10 @@ def main() -> int:
         t0 = time.monotonic()
         with servers(args.instances, base) as srvs:
             result["start_s"] = round(time.monotonic() - t0, 1)
-            result["server_memory_mb_per_instance"] = round((available - _mem_available_mb()) / args.instances, 1)
+            # PSS of every server process: what the servers really use, whatever else runs here.
+            result["server_pss_mb_per_instance_idle"] = round(
+                _pss_mb([pid for srv in srvs for pid in srv.process_pids()]) / args.instances, 1
+            )
             log(f"{len(srvs)} servers up in {result['start_s']} s")
             if args.mode in ("poll", "both"):
                 log(f"polling {len(srvs)} servers at 1 Hz for {args.seconds:g} s")

@@ -228,6 +228,8 @@ def cmd_plan(args: argparse.Namespace, paths: Paths) -> int:
 
 
 def cmd_load(args: argparse.Namespace, paths: Paths) -> int:
+    import time
+
     from pgcarve.load import run_on_primaries
 
     fleet = Fleet(load_config(paths, args.hosts_file), paths)
@@ -242,6 +244,19 @@ def cmd_load(args: argparse.Namespace, paths: Paths) -> int:
     table.add_row("[bold]total", f"[bold]{sum(r.tps for r in results):,.1f}", "", str(sum(r.transactions for r in results)),
                   str(sum(r.failed for r in results)))
     out.print(table)
+    server = read_server(paths)
+    if server is not None:
+        import httpx
+
+        # The API's own view of the same run: its collector's aggregate over the load window.
+        window = max(1, int(time.time() - min(r.started_at for r in results)))
+        history = httpx.get(f"{server['url']}/v1/tps/history", params={"seconds": window}, timeout=10).json()
+        start, end = min(r.started_at for r in results) + 2, max(r.finished_at for r in results) - 1
+        inside = [p["aggregate_tps"] for p in history if start <= p["at"] <= end]
+        if inside:
+            out.print(f"API aggregate TPS over the run: {sum(inside) / len(inside):,.1f} "
+                      f"(mean of {len(inside)} one-second samples from {server['url']}/v1/tps)")
+        out.print(f"dashboard: {server['url']}/")
     if args.json:
         Path(args.json).write_text(json.dumps([{k: v for k, v in r.__dict__.items() if k != "output"}
                                                for r in results], indent=2))
@@ -297,6 +312,52 @@ def cmd_scale(args: argparse.Namespace, paths: Paths) -> int:
     return 0
 
 
+def cmd_server(args: argparse.Namespace, paths: Paths) -> int:
+    """Start `pgcarve serve` in the background (pid in server.json), or stop it by that pid."""
+    import subprocess
+    import time
+
+    import httpx
+
+    from pgcarve.forward import stop_pid
+
+    server = read_server(paths)
+    if args.action == "stop":
+        if server is None:
+            out.print("server: not running")
+        else:
+            stop_pid(int(server["pid"]), timeout_s=20)
+            out.print(f"server: stopped (pid {server['pid']})")
+        paths.server_file.unlink(missing_ok=True)
+        return 0
+    if server is not None:
+        out.print(f"server: already running at {server['url']} (pid {server['pid']})")
+        return 0
+    log_path = paths.state_dir / "server.log"
+    paths.state_dir.mkdir(parents=True, exist_ok=True)
+    command = [sys.executable, "-m", "pgcarve.cli", "serve", "--bind", args.bind, "--port", str(args.port)]
+    if args.hosts_file:
+        command[3:3] = ["--hosts-file", args.hosts_file]
+    with log_path.open("ab") as log:
+        proc = subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=log, stderr=log, start_new_session=True)
+    url = f"http://{args.bind}:{args.port}"
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise PgcarveError(f"the API server exited at start (code {proc.returncode}); see {log_path}")
+        try:
+            if httpx.get(f"{url}/healthz", timeout=2).status_code == 200:
+                break
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.2)
+    else:
+        raise PgcarveError(f"the API server did not answer on {url} within 60 s; see {log_path}")
+    out.print(f"server: API and dashboard on {url}/ (pid {proc.pid}, log {log_path})")
+    out.print(f"server: API token in {paths.token_file} (send it as 'Authorization: Bearer <token>')")
+    return 0
+
+
 def cmd_serve(args: argparse.Namespace, paths: Paths) -> int:
     from pgcarve_api.server import serve
 
@@ -344,6 +405,12 @@ def build_parser() -> argparse.ArgumentParser:
     scale.add_argument("--url", help="API base URL (default: the local server)")
     scale.add_argument("--no-wait", action="store_true")
     scale.set_defaults(func=cmd_scale)
+
+    server = sub.add_parser("server", help="start/stop `pgcarve serve` in the background")
+    server.add_argument("action", choices=["start", "stop"])
+    server.add_argument("--bind", default=os.environ.get("PGCARVE_BIND", "127.0.0.1"))
+    server.add_argument("--port", type=int, default=int(os.environ.get("PGCARVE_PORT", "8080")))
+    server.set_defaults(func=cmd_server)
 
     serve = sub.add_parser("serve", help="run the REST API and dashboard")
     serve.add_argument("--bind", default=os.environ.get("PGCARVE_BIND", "127.0.0.1"))

@@ -2,25 +2,31 @@
 
 One persistent autocommit connection per target (``application_name=pgcarve-collector``),
 one round trip per target per poll, all targets polled concurrently. Samples go to a
-:class:`~pgcarve.rates.RateTracker`, which turns them into TPS/QPS.
+:class:`~pgcarve.rates.RateTracker`, which turns them into TPS/QPS. A round waits for its
+polls at most ``round_timeout_s``; a slower poll (unreachable host, paused guest) finishes in
+the background and is used by a later round, so one bad target never slows the others.
 
-The collector's own traffic is taken out of the counters, so an idle instance reads 0 TPS and
-0 QPS (both checked against real servers in tests/integration/test_collector_local.py):
+The collector's own traffic is taken out of the counters, so an idle instance reads exactly
+0 TPS and 0 QPS (checked against real servers in tests/integration/test_collector_local.py):
 
 * **xacts**: every statement the collector sends in autocommit is one transaction
   (xact_commit, or xact_rollback if it fails), and so is the start of each session (the
-  backend's startup transaction). The collector counts these per instance and subtracts the
-  count of those *before* the current statement (the statement reading the counters is not in
-  them yet). On PostgreSQL 15+ every collector statement also calls
-  ``pg_stat_force_next_flush()`` so the backend publishes its own counts as soon as it goes
-  idle, instead of up to a second later (PGSTAT_MIN_INTERVAL); without that, the subtraction
-  would run ahead of the published counter and look like a counter reset. psycopg's automatic
-  server-side prepare is switched off because the extra Parse round trip is one more
-  transaction, on the 5th execution only.
+  backend's startup transaction); measured on PostgreSQL 15: +1 per session, +1 per
+  statement. The collector counts these per instance and subtracts those made *before* the
+  current statement (the statement reading the counters is not in them yet). A statement
+  whose session was lost or that timed out is not counted: if it did run, one transaction
+  shows up as workload once, whereas over-counting would make the counter go down (a fake
+  reset). On PostgreSQL 15+ every collector statement calls ``pg_stat_force_next_flush()``
+  so the backend publishes its own counts as soon as it goes idle rather than up to a second
+  later (PGSTAT_MIN_INTERVAL); otherwise the subtraction would run ahead of the published
+  counter whenever polls are closer than a second. psycopg's automatic server-side prepare is
+  off: its extra Parse round trip is one more transaction, on the 5th execution only.
 * **calls**: pg_stat_statements counts the collector's poll too. The poll leaves out the entry
-  whose queryid is its own (``pg_stat_get_activity(pg_backend_pid()).query_id``), which needs
-  no bookkeeping and survives entry eviction. The one-off extension check made on each
+  whose queryid is its own (``pg_stat_get_activity(pg_backend_pid()).query_id``): no
+  bookkeeping, and it survives entry eviction. The extension check made once per
   (re)connection is still counted: one call per reconnection.
+* Only this collector's own session is compensated: a second collector (or any other
+  monitoring) polling the same server shows up as its ~1 TPS of workload.
 
 Known limit: PostgreSQL 15 backends publish their transaction counts when idle and at most once
 a second, so xact_commit lags the workload by up to ~1 s; per-interval TPS is shifted by that
@@ -172,6 +178,8 @@ class _Link:
     last_raw_xacts: int | None = None
     last_epoch: str | None = None
     standbys: tuple[StandbyState, ...] = field(default_factory=tuple)
+    # The poll in flight; it may outlive a round (slow connect, hung guest) and is harvested later.
+    task: asyncio.Task[Sample | str] | None = None
 
 
 class _PollError(Exception):
@@ -197,10 +205,16 @@ class Collector:
         connect_timeout_s: float = 3.0,
         *,
         query_timeout_s: float | None = None,
+        round_timeout_s: float | None = None,
     ) -> None:
-        """Poll ``targets()`` every ``interval_s``; a query may take ``query_timeout_s``
-        (default: ``connect_timeout_s``) before the connection is dropped and the poll counted
-        as failed."""
+        """Poll ``targets()`` every ``interval_s``.
+
+        A query may take ``query_timeout_s`` (default ``connect_timeout_s``) before the
+        connection is dropped and the poll counted as failed. A round waits at most
+        ``round_timeout_s`` (default 0.9 x ``interval_s``) for its polls: one that takes longer
+        (unreachable host, paused guest) goes on in the background and is used by a later
+        round, so one bad target never slows the cadence of the others.
+        """
         if interval_s <= 0:
             raise ValueError("interval_s must be positive")
         self._targets = targets
@@ -208,6 +222,7 @@ class Collector:
         self.interval_s = interval_s
         self.connect_timeout_s = connect_timeout_s
         self.query_timeout_s = connect_timeout_s if query_timeout_s is None else query_timeout_s
+        self.round_timeout_s = 0.9 * interval_s if round_timeout_s is None else round_timeout_s
         self.on_sample: list[Callable[[Target, Sample], None]] = []
         self._links: dict[str, _Link] = {}
         self._errors: dict[str, str] = {}
@@ -226,7 +241,9 @@ class Collector:
         """Poll every current target concurrently, update the tracker, record a snapshot.
 
         Never raises for a target's failure: the error is kept in :meth:`last_errors` and the
-        target is reconnected on the next poll.
+        target is reconnected on the next poll. A target whose poll is still running after
+        ``round_timeout_s`` is left out of this round (its last rate stands until the tracker's
+        ``max_gap_s`` makes it stale) and its result is taken by the next round.
         """
         async with self._round:
             # One link per instance name: a duplicate would poll one connection twice at once.
@@ -244,8 +261,22 @@ class Collector:
                     link = None
                 if link is None:
                     self._links[target.instance] = _Link(target)
-            results = await asyncio.gather(*(self._poll(self._links[t.instance]) for t in targets))
-            for target, result in zip(targets, results, strict=True):
+            links = [self._links[t.instance] for t in targets]
+            for link in links:
+                if link.task is None:
+                    link.task = asyncio.create_task(self._poll(link))
+            in_flight = {link.task for link in links if link.task is not None}
+            if in_flight:
+                await asyncio.wait(in_flight, timeout=self.round_timeout_s)
+            for target, link in zip(targets, links, strict=True):
+                task = link.task
+                if task is None or not task.done():
+                    continue
+                link.task = None
+                if task.cancelled():
+                    continue
+                # _poll turns every failure into a message, so result() does not raise.
+                result = task.result()
                 if isinstance(result, str):
                     if self._errors.get(target.instance) != result:
                         log.warning("%s: %s", target.instance, result)
@@ -288,11 +319,17 @@ class Collector:
                 await self._drop(instance)
 
     async def _drop(self, instance: str) -> None:
-        """Forget a target's connection and state (it left, or its DSN changed)."""
+        """Forget a target's poll, connection and state (it left, or its DSN changed)."""
         link = self._links.pop(instance, None)
         self._errors.pop(instance, None)
-        if link is not None:
-            await self._close(link)
+        if link is None:
+            return
+        task, link.task = link.task, None
+        if task is not None and not task.done():
+            task.cancel()
+            # wait() neither raises the task's outcome nor swallows our own cancellation.
+            await asyncio.wait({task})
+        await self._close(link)
 
     @staticmethod
     async def _close(link: _Link) -> None:

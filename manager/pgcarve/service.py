@@ -183,6 +183,11 @@ class ManagerService:
     def snapshot(self) -> Snapshot:
         return self.tracker.snapshot()
 
+    def latest(self) -> Snapshot:
+        """The last recorded poll (the same points /v1/tps/history returns), else a fresh snapshot."""
+        recent = self.tracker.history(5)
+        return recent[-1] if recent else self.tracker.snapshot()
+
     # -- scaling -----------------------------------------------------------------------------
 
     def request_scale(self, instances: int) -> Operation:

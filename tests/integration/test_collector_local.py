@@ -173,7 +173,8 @@ def test_idle_servers_read_zero_tps_and_qps(cluster: Cluster) -> None:
     only works because the collector forces its own stats out after each poll. The only
     workload is the test's own session that kills the collector's session on 'a': a startup
     transaction plus one statement (2 xacts, 1 call), plus the extension check the collector
-    makes when it reconnects (1 call, documented as not compensated).
+    makes when it reconnects (1 call, documented as not compensated). On 'b' the statistics
+    are reset mid-run: a re-baseline, never a negative rate, and exact zeros again after it.
     """
 
     async def scenario() -> list[Snapshot]:
@@ -182,6 +183,9 @@ def test_idle_servers_read_zero_tps_and_qps(cluster: Cluster) -> None:
         snaps = []
         try:
             for i in range(14):
+                if i == 3:
+                    with psycopg.connect(cluster.b.dsn, autocommit=True) as conn:
+                        conn.execute("select pg_stat_reset()")
                 if i == 6:
                     with psycopg.connect(cluster.a.dsn, autocommit=True) as conn:
                         conn.execute(
@@ -199,16 +203,19 @@ def test_idle_servers_read_zero_tps_and_qps(cluster: Cluster) -> None:
         return snaps
 
     snaps = asyncio.run(scenario())
-    for name, xacts, calls in (("a", 2.0, 2.0), ("b", 0.0, 0.0)):
+    for name, busy in (("a", (6, 7, 8)), ("b", (3, 4, 5))):
         rates = [s.instances[name] for s in snaps]
         assert sum(r.has_rate for r in rates) >= 11, rates
         assert all(r.tps >= 0.0 and r.qps is not None and r.qps >= 0.0 for r in rates)
-        # Intervals away from the kill/reconnection are exactly zero...
-        quiet = [r for i, r in enumerate(rates) if i not in (6, 7, 8)]
+        # Intervals away from the test's own interventions are exactly zero.
+        quiet = [r for i, r in enumerate(rates) if i not in busy]
         assert all(r.tps == 0.0 and r.qps == 0.0 for r in quiet), (name, quiet)
-        # ...and the whole run adds up to exactly the test's own traffic.
-        assert sum(r.tps * r.interval_s for r in rates) == pytest.approx(xacts, abs=1e-6), (name, rates)
-        assert sum((r.qps or 0.0) * r.interval_s for r in rates) == pytest.approx(calls, abs=1e-6)
+    # The reset on 'b' was seen as one (the counter went down), not as a rate.
+    assert not snaps[3].instances["b"].has_rate
+    # On 'a' the whole run adds up to exactly the test's own traffic.
+    rates = [s.instances["a"] for s in snaps]
+    assert sum(r.tps * r.interval_s for r in rates) == pytest.approx(2.0, abs=1e-6), rates
+    assert sum((r.qps or 0.0) * r.interval_s for r in rates) == pytest.approx(2.0, abs=1e-6), rates
 
 
 def _pgbench_cmd(port: int, script: Path) -> list[str]:
@@ -373,5 +380,43 @@ def test_unreachable_target_missing_extension_and_vanishing(cluster: Cluster) ->
             assert _collector_sessions(cluster.a.dsn) == 0
         finally:
             await col.aclose()
+
+    asyncio.run(scenario())
+
+
+def test_hung_target_does_not_slow_the_rounds(cluster: Cluster) -> None:
+    """A host that accepts TCP but never answers (a paused guest) must not stall other targets."""
+
+    async def scenario() -> None:
+        async def swallow(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+            await reader.read()  # never answers, until the client gives up
+            writer.close()
+
+        server = await asyncio.start_server(swallow, "127.0.0.1", 0)
+        port = server.sockets[0].getsockname()[1]
+        targets = [
+            Target("b", "local-b", cluster.b.dsn),
+            Target("hung", "paused-guest", f"host=127.0.0.1 port={port} user=postgres dbname=postgres"),
+        ]
+        col = Collector(lambda: targets, RateTracker(), interval_s=0.5, connect_timeout_s=1.5)
+        try:
+            durations = []
+            for _ in range(6):
+                t0 = time.monotonic()
+                snap = await col.poll_once()
+                durations.append(time.monotonic() - t0)
+            # Each round waits at most 0.9 x interval, though the connect takes 1.5 s to fail.
+            assert max(durations) < 0.8, durations
+            assert snap.instances["b"].has_rate
+            assert "hung" not in snap.instances
+            assert col.last_errors()["hung"] == "cannot connect to PostgreSQL on paused-guest: no answer within 1.5 s"
+            # Scaled down while its poll is in flight: cancelled, error gone, nothing left running.
+            del targets[1:]
+            await col.poll_once()
+            assert col.last_errors() == {}
+        finally:
+            await col.aclose()
+            server.close()
+            await server.wait_closed()
 
     asyncio.run(scenario())

@@ -7,6 +7,6 @@ router = APIRouter(tags=["metrics"], dependencies=[ReadAuth])
 
 
 @router.get("/metrics", response_class=Response)
-def metrics(request: Request) -> Response:
+async def metrics(request: Request) -> Response:
     """Prometheus text exposition."""
     return Response(generate_latest(request.app.state.registry), media_type=CONTENT_TYPE_LATEST)

@@ -27,13 +27,14 @@ def snapshot_doc(snap: Snapshot) -> dict[str, object]:
 
 
 @router.get("/tps", response_model=TpsOut)
-def get_tps(service: ServiceDep) -> dict[str, object]:
+async def get_tps(service: ServiceDep) -> dict[str, object]:
     """Aggregate and per-instance TPS/QPS from the last poll (commit+rollback and statement rates)."""
-    return snapshot_doc(service.snapshot())
+    # async: runs on the event loop with the collector, so the tracker is never read mid-update.
+    return snapshot_doc(service.latest())
 
 
 @router.get("/tps/history", response_model=list[TpsOut])
-def get_tps_history(service: ServiceDep, seconds: float = Query(300, gt=0, le=3600)) -> list[dict[str, object]]:
+async def get_tps_history(service: ServiceDep, seconds: float = Query(300, gt=0, le=3600)) -> list[dict[str, object]]:
     """The 1-second series over the last `seconds` (oldest first, up to one hour kept)."""
     return [snapshot_doc(s) for s in service.tracker.history(seconds)]
 
@@ -45,7 +46,7 @@ async def events(request: Request, service: ServiceDep) -> StreamingResponse:
     async def stream() -> AsyncIterator[str]:
         last_at = None
         while not await request.is_disconnected():
-            snap = service.snapshot()
+            snap = service.latest()
             if snap.at != last_at:
                 last_at = snap.at
                 doc = snapshot_doc(snap)

@@ -1,0 +1,95 @@
+# pgcarve: `make demo` runs the main job on the local sandbox, `make test` runs the tests.
+# Both install what they need (Debian packages, a Python venv, tools built from the Go module
+# proxy); nothing relies on what was installed by hand. Run as root on Debian 12.
+SHELL := /bin/bash
+.DEFAULT_GOAL := help
+
+STATE ?= /var/lib/pgcarve
+IMAGE_DIR ?= $(STATE)/image
+export PGCARVE_STATE_DIR := $(STATE)
+export PGCARVE_IMAGE_DIR := $(IMAGE_DIR)
+
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+PGCARVE := $(VENV)/bin/pgcarve
+DEMO_HOSTS ?= 3
+DEMO_INSTANCES ?= 2
+DEMO_SECONDS ?= 20
+DEMO_CLIENTS ?= 8
+API_PORT ?= 8080
+
+APT_PACKAGES := qemu-system-x86 qemu-utils libvirt-daemon-system libvirt-clients libvirt-dev \
+	pkg-config gcc dnsmasq-base xsltproc mmdebstrap e2fsprogs genisoimage \
+	postgresql-15 postgresql-client iproute2 python3-venv python3-dev ca-certificates chromium npm
+
+.PHONY: help deps apt venv image vendor tools demo down test lint unit integration bench clean
+
+help:
+	@echo "make demo   - install, build the guest image, start a $(DEMO_HOSTS)-host sandbox, carve $(DEMO_INSTANCES) instances,"
+	@echo "              run pgbench on each, leave the API and dashboard on http://127.0.0.1:$(API_PORT)/"
+	@echo "make down   - stop everything demo started (guests, API, sandbox daemons, namespaces)"
+	@echo "make test   - install, then lint, unit, integration (boots guests) and browser tests"
+	@echo "make bench  - benchmarks (see README)"
+
+## --- installation -------------------------------------------------------------------------
+
+deps: apt venv vendor
+
+apt:
+	@missing=$$(for p in $(APT_PACKAGES); do dpkg-query -W -f='$${Status}\n' $$p 2>/dev/null | grep -q '^install ok installed' || echo $$p; done); \
+	if [ -n "$$missing" ]; then \
+	  echo "apt: installing $$missing"; \
+	  apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends $$missing; \
+	fi
+
+venv: $(VENV)/.installed
+
+$(VENV)/.installed: pyproject.toml
+	$(PYTHON) -c 'import sys; assert sys.version_info >= (3, 11), "pgcarve needs Python 3.11+"'
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q -e '.[dev]'
+	touch $@
+
+vendor:
+	api/pgcarve_api/static/build-vendor.sh
+
+tools:
+	terraform/tools/install.sh
+
+image: apt
+	images/build.sh $(IMAGE_DIR)
+
+## --- demo ---------------------------------------------------------------------------------
+
+demo: deps image
+	$(PGCARVE) sandbox up --hosts $(DEMO_HOSTS)
+	$(PGCARVE) up --instances $(DEMO_INSTANCES)
+	$(PGCARVE) server start --port $(API_PORT)
+	$(PGCARVE) load --seconds $(DEMO_SECONDS) --clients $(DEMO_CLIENTS)
+	$(PGCARVE) status
+
+down:
+	@if [ -x $(PGCARVE) ]; then \
+	  $(PGCARVE) server stop; \
+	  $(PGCARVE) sandbox down; \
+	else echo "nothing to stop (no venv)"; fi
+
+## --- tests --------------------------------------------------------------------------------
+
+lint: venv
+	$(VENV)/bin/ruff check manager api tests bench
+	$(VENV)/bin/mypy manager/pgcarve api/pgcarve_api
+
+unit: venv
+	$(PY) -m pytest tests/unit -q
+
+test: deps image tools lint
+	$(PY) -m pytest tests -q
+
+bench: deps image
+	$(PY) -m pgcarve.bench $(BENCH_ARGS)
+
+clean: down
+	rm -rf $(VENV) .tools
