@@ -263,7 +263,7 @@ class LibvirtHost:
             if dom.isActive():
                 dom.destroy()
             if undefine:
-                dom.undefineFlags(libvirt.VIR_DOMAIN_UNDEFINE_NVRAM)
+                dom.undefine()  # direct kernel boot: no NVRAM to remove
             return True
 
     def shutdown(self, name: str, timeout_s: float = 60.0) -> None:

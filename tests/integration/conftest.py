@@ -1,0 +1,112 @@
+"""One 3-host sandbox, booted once and shared by the carve tests (booting under TCG is slow).
+
+The fixture starts the sandbox and the real API server (`pgcarve serve`, a subprocess) in a
+state directory of its own, so it never touches a running `make demo`.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import httpx
+import pytest
+from pgcarve.config import FleetConfig, Paths
+from pgcarve.forward import stop_pid
+from pgcarve.sandbox import Sandbox
+
+from tests.conftest import image_dir
+
+IT_STATE = Path(os.environ.get("PGCARVE_IT_STATE", "/var/tmp/pgcarve-it"))
+TOKEN = "integration-test-token-" + "x" * 16
+
+
+@dataclass
+class CarveEnv:
+    paths: Paths
+    config: FleetConfig
+    sandbox: Sandbox
+    url: str
+    server: subprocess.Popen[bytes]
+
+    def client(self, token: str | None = TOKEN) -> httpx.Client:
+        headers = {"Authorization": f"Bearer {token}"} if token else {}
+        return httpx.Client(base_url=self.url, headers=headers, timeout=30)
+
+    def teardown(self) -> list[str]:
+        """Stop the server, remove every guest, stop the sandbox; what is left (should be [])."""
+        if self.server.poll() is None:
+            stop_pid(self.server.pid, timeout_s=20)
+        from pgcarve.fleet import Fleet
+
+        if self.sandbox.is_up():
+            fleet = Fleet(self.config, self.paths)
+            for inst in fleet.observe(with_endpoints=False):
+                fleet.remove_instance(inst)
+            fleet.close()
+        self.sandbox.down()
+        return self.sandbox.leftovers()
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def wait_operation(env: CarveEnv, op_id: str, timeout_s: float = 1500) -> dict[str, object]:
+    deadline = time.monotonic() + timeout_s
+    with env.client() as client:
+        while time.monotonic() < deadline:
+            op = client.get(f"/v1/operations/{op_id}").json()
+            if op["status"] in ("succeeded", "failed"):
+                return dict(op)
+            time.sleep(1)
+    raise AssertionError(f"operation {op_id} did not finish in {timeout_s} s")
+
+
+@pytest.fixture(scope="session")
+def carve_env() -> Iterator[CarveEnv]:
+    if os.geteuid() != 0:
+        pytest.skip("integration tests need root (network namespaces, libvirtd)")
+    if not (image_dir() / "inputs.sha256").exists():
+        pytest.fail(f"no guest image in {image_dir()}: run `make image` first (make test does)")
+    paths = Paths(IT_STATE)
+    sandbox = Sandbox(paths.sandbox_dir)
+    sandbox.down()  # a crashed earlier run may have left one
+    for stale in ("operations.json", "server.json"):
+        (IT_STATE / stale).unlink(missing_ok=True)
+    config = sandbox.up(3)
+    port = free_port()
+    env_vars = dict(os.environ, PGCARVE_STATE_DIR=str(IT_STATE), PGCARVE_IMAGE_DIR=str(image_dir()),
+                    PGCARVE_TOKEN=TOKEN)
+    log = (IT_STATE / "server.log").open("ab")
+    server = subprocess.Popen([sys.executable, "-m", "pgcarve.cli", "serve", "--port", str(port)],
+                              env=env_vars, stdout=log, stderr=log, start_new_session=True)
+    env = CarveEnv(paths=paths, config=config, sandbox=sandbox, url=f"http://127.0.0.1:{port}", server=server)
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                if httpx.get(f"{env.url}/healthz", timeout=2).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            assert server.poll() is None, f"API server exited: see {IT_STATE / 'server.log'}"
+            assert time.monotonic() < deadline, "API server did not start in 60 s"
+            time.sleep(0.2)
+        yield env
+    finally:
+        left = env.teardown()
+        log.close()
+        if left:
+            print("integration teardown left:", json.dumps(left), file=sys.stderr)
+        shutil.rmtree(IT_STATE / "sandbox", ignore_errors=True)

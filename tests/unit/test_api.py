@@ -1,0 +1,180 @@
+"""The REST contract on libvirt's test driver: auth, bad input, capacity, scale-down order,
+serialized concurrent scales, oversized bodies. No guest boots here."""
+
+from __future__ import annotations
+
+import os
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+
+import libvirt
+import pytest
+from fastapi.testclient import TestClient
+
+from pgcarve.config import FleetConfig, HostConfig, Paths, Replication
+from pgcarve.domain_xml import DomainSpec, InstanceMetadata, Nic, mac_for
+from pgcarve.scaler import plan_scale
+from pgcarve.service import ManagerService
+from pgcarve_api.main import create_app
+from pgcarve_api.settings import Settings
+
+TOKEN = "unit-test-token-0123456789"
+AUTH = {"Authorization": f"Bearer {TOKEN}"}
+
+
+def define(conn: libvirt.virConnect, index: int) -> None:
+    name = f"pgc-{index:02d}"
+    spec = DomainSpec(
+        name=name, domain_type="qemu",
+        metadata=InstanceMetadata(fleet="pgc", cluster=name, role="primary", index=index),
+        memory_mib=1024, vcpu_pins=(index,), emulator_cpus=(0,), numa_node=0,
+        kernel="/nonexistent/vmlinuz", initrd="/nonexistent/initrd", disks=(),
+        nics=(Nic("default", mac_for("pgc", name)),),
+    )
+    conn.defineXML(spec.to_xml()).create()
+
+
+@pytest.fixture
+def api(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[tuple[TestClient, ManagerService]]:
+    monkeypatch.setenv("PGCARVE_IMAGE_DIR", str(tmp_path / "no-image"))
+    config = FleetConfig(
+        hosts=[HostConfig(name="h1", uri="test:///default", role="primary")],
+        replication=Replication(standbys=0),
+    )
+    keep_alive = libvirt.open("test:///default")  # the test driver's state lives while a connection does
+    for dom in keep_alive.listAllDomains():
+        if dom.isActive():
+            dom.destroy()
+        dom.undefine()
+    for index in (1, 2, 3):
+        define(keep_alive, index)
+    service = ManagerService(config, Paths(tmp_path), refresh_s=0.2, collect=False)
+    service.start()
+    app = create_app(Settings(state_dir=tmp_path, token=TOKEN), service=service)
+    with TestClient(app) as client:
+        yield client, service
+    service.stop()
+    keep_alive.close()
+
+
+def test_reads(api: tuple[TestClient, ManagerService]) -> None:
+    client, _ = api
+    assert client.get("/healthz").json() == {"status": "ok"}
+    hosts = client.get("/v1/hosts").json()
+    assert hosts[0]["name"] == "h1" and hosts[0]["instances"] == 3 and hosts[0]["cpus"] > 0
+    names = [i["name"] for i in client.get("/v1/instances").json()]
+    assert names == ["pgc-01", "pgc-02", "pgc-03"]
+    one = client.get("/v1/instances/pgc-02").json()
+    assert one["vcpus"] == [2] and one["standbys"] == []
+    assert client.get("/v1/instances/pgc-09").status_code == 404
+    plan = client.get("/v1/plan", params={"instances": 2}).json()
+    assert len(plan[0]["slots"]) == 2 and "explanation" in plan[0]
+    assert client.get("/v1/plan", params={"instances": -1}).status_code == 422
+    tps = client.get("/v1/tps").json()
+    assert set(tps) == {"aggregate_tps", "aggregate_qps", "window_s", "at", "instances"}
+    assert "pgcarve_instances 3.0" in client.get("/metrics").text
+    assert client.get("/openapi.json").json()["paths"]["/v1/scale"]
+    assert client.get("/").status_code == 200
+
+
+@pytest.mark.parametrize("headers", [{}, {"Authorization": "Bearer wrong"}, {"Authorization": TOKEN}])
+def test_mutations_need_the_token(api: tuple[TestClient, ManagerService], headers: dict[str, str]) -> None:
+    client, service = api
+    resp = client.put("/v1/scale", json={"instances": 1}, headers=headers)
+    assert resp.status_code == 401
+    assert service.operations.all() == []
+
+
+@pytest.mark.parametrize("body", [{"instances": -1}, {"instances": "2"}, {"instances": 1.5}, {}, {"n": 1},
+                                  {"instances": 1, "extra": True}, [1]])
+def test_bad_bodies_are_422_and_change_nothing(api: tuple[TestClient, ManagerService], body: object) -> None:
+    client, service = api
+    assert client.put("/v1/scale", json=body, headers=AUTH).status_code == 422
+    assert service.operations.all() == []
+
+
+def test_above_capacity_is_409_naming_the_limit(api: tuple[TestClient, ManagerService]) -> None:
+    client, service = api
+    capacity = service.fleet.capacity()
+    resp = client.put("/v1/scale", json={"instances": capacity + 1}, headers=AUTH)
+    assert resp.status_code == 409
+    assert f"room for {capacity}" in resp.json()["detail"]
+    assert service.operations.all() == []
+
+
+def test_oversized_body_is_refused(api: tuple[TestClient, ManagerService]) -> None:
+    client, _ = api
+    resp = client.put("/v1/scale", content=b"{" + b" " * (70 * 1024) + b"}",
+                      headers={**AUTH, "content-type": "application/json"})
+    assert resp.status_code == 413
+
+
+def test_scale_down_removes_highest_numbered(api: tuple[TestClient, ManagerService]) -> None:
+    client, service = api
+    resp = client.put("/v1/scale", json={"instances": 1}, headers=AUTH)
+    assert resp.status_code == 202
+    op_id = resp.json()["operation"]
+    assert service.wait_idle(30)
+    op = client.get(f"/v1/operations/{op_id}").json()
+    assert op["status"] == "succeeded", op
+    assert op["progress"] == 1.0
+    assert [i["name"] for i in client.get("/v1/instances").json()] == ["pgc-01"]
+
+
+def test_failed_scale_up_reports_why(api: tuple[TestClient, ManagerService]) -> None:
+    client, service = api
+    op_id = client.put("/v1/scale", json={"instances": 4}, headers=AUTH).json()["operation"]
+    assert service.wait_idle(30)
+    op = client.get(f"/v1/operations/{op_id}").json()
+    assert op["status"] == "failed" and "no guest image" in op["error"]
+    assert len(client.get("/v1/instances").json()) == 3, "a failed scale-up must not remove anything"
+
+
+def test_concurrent_scales_are_serialized_and_the_last_wins(api: tuple[TestClient, ManagerService]) -> None:
+    client, service = api
+    targets = [3, 2, 3, 1, 2, 3, 2, 1, 3, 2, 1, 2, 3, 1, 2, 3, 2, 1, 2, 1]
+    accepted: list[tuple[float, str, int]] = []
+    lock = threading.Lock()
+    barrier = threading.Barrier(len(targets))
+
+    def put(target: int) -> None:
+        barrier.wait()
+        resp = client.put("/v1/scale", json={"instances": target}, headers=AUTH)
+        assert resp.status_code == 202
+        with lock:
+            op = service.operations.get(resp.json()["operation"])
+            assert op is not None
+            accepted.append((op.created_at, op.id, target))
+
+    threads = [threading.Thread(target=put, args=(t,)) for t in targets]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert service.wait_idle(60)
+    last_target = max(accepted)[2]
+    assert len(client.get("/v1/instances").json()) == last_target
+    ops = service.operations.all()
+    assert len(ops) == 20 and all(op.status in ("succeeded", "failed") for op in ops)
+    assert sum(1 for op in ops if op.status == "succeeded") >= 1
+
+
+def test_plan_scale() -> None:
+    class Inst:
+        def __init__(self, index: int) -> None:
+            self.index = index
+
+    plan = plan_scale([Inst(1), Inst(2), Inst(5)], 3)  # type: ignore[list-item]
+    assert plan.create == (3,) and plan.remove == (5,)
+    assert plan_scale([], 0).create == ()
+
+
+def test_token_file_is_private(tmp_path: Path) -> None:
+    from pgcarve_api.security import load_or_create_token, token_matches
+
+    token, created = load_or_create_token(None, tmp_path / "api-token")
+    assert created and len(token) >= 32
+    assert os.stat(tmp_path / "api-token").st_mode & 0o777 == 0o600
+    assert load_or_create_token(None, tmp_path / "api-token") == (token, False)
+    assert token_matches(token, token) and not token_matches(token[:-1], token) and not token_matches(None, token)
