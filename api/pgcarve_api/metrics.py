@@ -48,7 +48,8 @@ class FleetMetrics(Collector):
                                   labels=["instance", "host"])
         pinned = GaugeMetricFamily("pgcarve_instance_pinned_cpu", "1 for each host CPU a primary's vCPU is pinned to",
                                    labels=["instance", "host", "cpu"])
-        up = GaugeMetricFamily("pgcarve_instance_up", "1 if the primary's guest is running", labels=["instance", "host"])
+        up = GaugeMetricFamily("pgcarve_instance_up", "1 if the primary's guest is running",
+                               labels=["instance", "host"])
         for inst in self.service.view.instances:
             for row in self.service.replication(inst.name):
                 if row.lag_bytes is not None:

@@ -6,6 +6,7 @@ import json
 import logging
 import os
 import sys
+from pathlib import Path
 
 import uvicorn
 from pgcarve.config import Paths
@@ -17,7 +18,8 @@ from pgcarve_api.settings import Settings
 
 def serve(host: str, port: int, hosts_file: str | None, paths: Paths) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    settings = Settings(state_dir=paths.state_dir, hosts_file=hosts_file, bind=host, port=port)
+    settings = Settings(state_dir=paths.state_dir, hosts_file=Path(hosts_file) if hosts_file else None,
+                        bind=host, port=port)
     token, created = load_or_create_token(settings.token, paths.token_file)
     if created:
         # Printed once, on first start; afterwards it is only in the 0600 file.

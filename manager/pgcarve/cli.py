@@ -210,8 +210,11 @@ def cmd_plan(args: argparse.Namespace, paths: Paths) -> int:
     if args.format == "tfvars":
         from pgcarve.tfvars import render_tfvars
 
-        host = hosts[0]
-        out.print(render_tfvars(fleet, host.name, args.instances), end="", soft_wrap=True, highlight=False)
+        if args.host is None and len(fleet.config.primary_hosts) != 1:
+            raise ConfigError("--format tfvars describes one host: name it with --host")
+        host = hosts[0] if args.host else fleet.config.primary_hosts[0]
+        # Plain stdout, not rich: the JSON has to reach the .tfvars.json file unchanged.
+        sys.stdout.write(render_tfvars(fleet, host.name, args.instances))
         return 0
     documents = []
     for host in hosts:
@@ -241,8 +244,8 @@ def cmd_load(args: argparse.Namespace, paths: Paths) -> int:
         table.add_column(column, justify="right")
     for r in results:
         table.add_row(r.instance, f"{r.tps:,.1f}", f"{r.latency_avg_ms or 0:.2f}", str(r.transactions), str(r.failed))
-    table.add_row("[bold]total", f"[bold]{sum(r.tps for r in results):,.1f}", "", str(sum(r.transactions for r in results)),
-                  str(sum(r.failed for r in results)))
+    table.add_row("[bold]total", f"[bold]{sum(r.tps for r in results):,.1f}", "",
+                  str(sum(r.transactions for r in results)), str(sum(r.failed for r in results)))
     out.print(table)
     server = read_server(paths)
     if server is not None:

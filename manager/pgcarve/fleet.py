@@ -106,6 +106,7 @@ class Fleet:
         self.forwards = ForwardRegistry(paths.sandbox_dir / "forwards")
         self._credentials: Credentials | None = None
         self._credentials_lock = threading.Lock()
+        self._probe_lock = threading.Lock()
         self._images: dict[str, BaseImage] = {}
         self._topologies: dict[str, HostTopology] = {}
         self._locks = {name: threading.Lock() for name in self.hosts}
@@ -268,15 +269,16 @@ class Fleet:
         """kvm where a probe shows a guest really boots under KVM on this host, else qemu (TCG)."""
         if self.config.domain_type != "auto":
             return self.config.domain_type
-        cache_file = self.paths.probe_cache
-        cache = json.loads(cache_file.read_text()) if cache_file.exists() else {}
-        uri = self.config.host(host).uri
-        if uri not in cache:
-            ok, why = self.hosts[host].probe_kvm(self.image_on(host))
-            cache[uri] = {"domain_type": "kvm" if ok else "qemu", "why": why}
-            cache_file.parent.mkdir(parents=True, exist_ok=True)
-            cache_file.write_text(json.dumps(cache, indent=2))
-        return str(cache[uri]["domain_type"])
+        with self._probe_lock:  # parallel creations on one host probe it once
+            cache_file = self.paths.probe_cache
+            cache = json.loads(cache_file.read_text()) if cache_file.exists() else {}
+            uri = self.config.host(host).uri
+            if uri not in cache:
+                ok, why = self.hosts[host].probe_kvm(self.image_on(host))
+                cache[uri] = {"domain_type": "kvm" if ok else "qemu", "why": why}
+                cache_file.parent.mkdir(parents=True, exist_ok=True)
+                cache_file.write_text(json.dumps(cache, indent=2))
+            return str(cache[uri]["domain_type"])
 
     # -- creating ----------------------------------------------------------------------------
 

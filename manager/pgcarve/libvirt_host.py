@@ -412,7 +412,7 @@ class LibvirtHost:
                     continue
                 if not chunk:
                     break
-                seen += chunk  # type: ignore[operator]
+                seen += chunk
             with contextlib.suppress(libvirt.libvirtError):
                 stream.abort()
         finally:

@@ -202,7 +202,8 @@ class ManagerService:
             with lock:
                 steps = dict(op.steps)
                 steps[name] = {"step": step, "fraction": round(fraction, 3)}
-                overall = sum(float(s["fraction"]) for s in steps.values()) / max(1, len(steps))  # type: ignore[arg-type]
+                fractions = [float(str(s["fraction"])) for s in steps.values()]
+                overall = sum(fractions) / max(1, len(fractions))
                 self.operations.update(op, steps=steps, progress=round(min(0.99, overall), 3),
                                        message=f"{name}: {step}")
 

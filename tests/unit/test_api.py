@@ -11,7 +11,6 @@ from pathlib import Path
 import libvirt
 import pytest
 from fastapi.testclient import TestClient
-
 from pgcarve.config import FleetConfig, HostConfig, Paths, Replication
 from pgcarve.domain_xml import DomainSpec, InstanceMetadata, Nic, mac_for
 from pgcarve.scaler import plan_scale

@@ -1,7 +1,6 @@
 from pathlib import Path
 
 import pytest
-
 from pgcarve.config import load_fleet_config
 from pgcarve.errors import ConfigError
 

@@ -6,10 +6,9 @@ from pathlib import Path
 
 import libvirt
 import pytest
-
 from pgcarve.domain_xml import (
-    DomainSpec,
     Disk,
+    DomainSpec,
     InstanceMetadata,
     Nic,
     mac_for,

@@ -4,7 +4,6 @@ import hmac
 import json
 
 import pytest
-
 from pgcarve.errors import ConfigError
 from pgcarve.guest_config import Credentials, GuestSeed, scram_verifier, synchronous_standby_names
 
