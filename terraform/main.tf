@@ -17,6 +17,27 @@ locals {
     length(local.cmdline_keyed) > 0 ? [local.cmdline_keyed] : [],
     local.cmdline_keyless != "" ? [{ "_" = local.cmdline_keyless }] : [],
   )
+
+  # Per guest, the stylesheet that turns the provider's domain XML into the manager's.
+  xslt = {
+    for name, i in var.instances : name => templatefile("${path.module}/domain.xsl.tftpl", {
+      cluster       = i.metadata.cluster
+      cmdline       = var.kernel_cmdline
+      console_log   = var.console_log_dir == "" ? "" : "${var.console_log_dir}/${name}-console.log"
+      created_by    = i.metadata.created_by
+      domain_type   = var.domain_type
+      emulator_cpus = i.emulator_cpus
+      fleet         = i.metadata.fleet
+      hugepages     = i.hugepages
+      index         = i.metadata.index
+      memory_mib    = i.memory_mib
+      name          = name
+      numa_node     = i.numa_node
+      role          = i.metadata.role
+      standby       = i.metadata.standby
+      vcpu_pins     = i.vcpu_pins
+    })
+  }
 }
 
 resource "libvirt_pool" "pgcarve" {
@@ -123,22 +144,6 @@ resource "libvirt_domain" "primary" {
   }
 
   xml {
-    xslt = templatefile("${path.module}/domain.xsl.tftpl", {
-      cluster       = each.value.metadata.cluster
-      cmdline       = var.kernel_cmdline
-      console_log   = var.console_log_dir == "" ? "" : "${var.console_log_dir}/${each.key}-console.log"
-      created_by    = each.value.metadata.created_by
-      domain_type   = var.domain_type
-      emulator_cpus = each.value.emulator_cpus
-      fleet         = each.value.metadata.fleet
-      hugepages     = each.value.hugepages
-      index         = each.value.metadata.index
-      memory_mib    = each.value.memory_mib
-      name          = each.key
-      numa_node     = each.value.numa_node
-      role          = each.value.metadata.role
-      standby       = each.value.metadata.standby
-      vcpu_pins     = each.value.vcpu_pins
-    })
+    xslt = local.xslt[each.key]
   }
 }

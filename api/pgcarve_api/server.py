@@ -21,9 +21,11 @@ def serve(host: str, port: int, hosts_file: str | None, paths: Paths) -> int:
     settings = Settings(state_dir=paths.state_dir, hosts_file=Path(hosts_file) if hosts_file else None,
                         bind=host, port=port)
     token, created = load_or_create_token(settings.token, paths.token_file)
-    if created:
-        # Printed once, on first start; afterwards it is only in the 0600 file.
+    if created and sys.stderr.isatty():
+        # Shown once, on first start, to a person at a terminal; never written into a log file.
         print(f"pgcarve: new API token (also in {paths.token_file}): {token}", file=sys.stderr, flush=True)
+    elif created:
+        print(f"pgcarve: new API token written to {paths.token_file} (mode 0600)", file=sys.stderr, flush=True)
     app = create_app(settings)
     url_host = f"[{host}]" if ":" in host else host
     paths.server_file.write_text(json.dumps({"pid": os.getpid(), "url": f"http://{url_host}:{port}"}))

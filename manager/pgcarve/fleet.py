@@ -341,7 +341,32 @@ class Fleet:
 
     def create_instance(self, index: int, progress: Progress = no_progress) -> Instance:
         """Create instance `index`: its primary, then its standbys cloned from it, and wait
-        until the primary accepts SQL and every standby streams from it."""
+        until the primary accepts SQL and every standby streams from it.
+
+        On any failure the instance's guests and disks are removed again, so a failed
+        scale-up leaves nothing half-made (the instance held no acknowledged data yet).
+        """
+        try:
+            return self._create_instance(index, progress)
+        except BaseException:
+            self.discard_instance(index)
+            raise
+
+    def discard_instance(self, index: int) -> None:
+        """Remove whatever exists of instance `index`: guests and their volumes."""
+        fleet = self.config.fleet
+        names = [instance_name(fleet, index)] + [standby_name(fleet, index, s)
+                                                 for s in range(1, self.config.replication.standbys + 1)]
+        for host in self.hosts.values():
+            for name in names:
+                with contextlib.suppress(PgcarveError):
+                    host.destroy(name)
+                for volume in (f"{name}.qcow2", f"{name}-seed.iso"):
+                    with contextlib.suppress(PgcarveError):
+                        host.delete_volume(volume)
+                self.forwards.remove(name)
+
+    def _create_instance(self, index: int, progress: Progress = no_progress) -> Instance:
         fleet = self.config.fleet
         name = instance_name(fleet, index)
         primary_host, standby_hosts = self.placement(index)

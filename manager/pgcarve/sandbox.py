@@ -179,7 +179,7 @@ class Sandbox:
         if self._daemon_pid(host, "libvirtd"):
             return
         progress(f"starting sandbox host {host.name} (namespace {host.netns})")
-        for sub in ("etc", "lib", "log", "cache", "pids"):
+        for sub in ("etc", "lib", "log/qemu", "cache", "pids"):
             (host.directory / sub).mkdir(parents=True, exist_ok=True)
         host.socket_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
         self._write_libvirt_config(host)

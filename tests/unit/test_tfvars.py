@@ -1,0 +1,377 @@
+"""`pgcarve plan --format tfvars` and the Terraform module in terraform/.
+
+The planning side runs on libvirt's test driver (test:///default: 16 CPUs on 2 NUMA nodes). The
+module side needs the Terraform built by `make tools` (.tools/bin/terraform); those tests skip,
+saying so, when it is missing. No test here talks to a real libvirtd: the module's stylesheet is
+applied to the XML terraform-provider-libvirt 0.7.6 generates, rebuilt here from its source
+(libvirt/domain.go, resourceLibvirtDomainCreate), and libvirt's test driver normalises both it
+and DomainSpec.to_xml() for the comparison.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import hmac
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import xml.etree.ElementTree as ET
+from pathlib import Path
+from typing import Any
+
+import pytest
+from pgcarve.config import FleetConfig, HostConfig, InstanceSize, Paths, Replication
+from pgcarve.domain_xml import Disk, DomainSpec, InstanceMetadata, Nic, mac_for
+from pgcarve.errors import CapacityError, ConfigError, ImageMissing
+from pgcarve.fleet import Fleet, instance_name
+from pgcarve.planner import capacity
+from pgcarve.tfvars import render_tfvars, tfvars_document
+
+REPO = Path(__file__).resolve().parents[2]
+MODULE = REPO / "terraform"
+EXAMPLE = MODULE / "examples" / "sandbox"
+TOOLS = Path(os.environ.get("PGCARVE_TOOLS", REPO / ".tools"))
+TERRAFORM = TOOLS / "bin" / "terraform"
+TERRAFORMRC = TOOLS / "terraformrc"
+IMAGE_HASH = hashlib.sha256(b"pgcarve unit test image").hexdigest()
+
+needs_terraform = pytest.mark.skipif(
+    not (TERRAFORM.exists() and TERRAFORMRC.exists()),
+    reason=f"{TERRAFORM} is not built: run `make tools` (terraform/tools/install.sh)",
+)
+
+
+# -- fixtures ----------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def image_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """A stand-in for images/build.sh's output: small files and an inputs.sha256."""
+    directory = tmp_path / "image"
+    directory.mkdir()
+    for name in ("base.qcow2", "vmlinuz", "initrd.img"):
+        (directory / name).write_bytes(b"not really " + name.encode())
+    (directory / "inputs.sha256").write_text(IMAGE_HASH + "\n")
+    monkeypatch.setenv("PGCARVE_IMAGE_DIR", str(directory))
+    return directory
+
+
+def fleet_config(hosts: int = 1, vcpus: int = 2, memory_mib: int = 512, domain_type: str = "qemu",
+                 standby_host: bool = False) -> FleetConfig:
+    host_configs = [HostConfig(name=f"t{i}", uri="test:///default") for i in range(hosts)]  # type: ignore[call-arg]
+    if standby_host:
+        host_configs.append(HostConfig(name="s0", uri="test:///default", role="standby"))  # type: ignore[call-arg]
+    return FleetConfig(
+        fleet="tst",
+        domain_type=domain_type,  # type: ignore[arg-type]
+        instance=InstanceSize(vcpus=vcpus, memory_mib=memory_mib, disk_gib=4),  # type: ignore[call-arg]
+        replication=Replication(standbys=0),  # type: ignore[call-arg]
+        allowed_cidrs=["10.77.0.0/16", "10.76.0.0/24"],
+        hosts=host_configs,
+    )
+
+
+@pytest.fixture
+def fleet(tmp_path: Path, image_dir: Path) -> Any:
+    f = Fleet(fleet_config(), Paths(tmp_path / "state"))
+    yield f
+    f.close()
+
+
+# -- the planned layout ------------------------------------------------------------------------
+
+
+def test_pins_names_and_macs_are_the_planners(fleet: Fleet) -> None:
+    cap = capacity(fleet.topology("t0"), fleet.planner_config)
+    assert cap >= 3, "the test driver's 16 CPUs should hold several 2-vCPU instances"
+    for n in (1, 2, cap):
+        doc = tfvars_document(fleet, "t0", n)
+        assert list(doc["instances"]) == [instance_name("tst", i) for i in range(1, n + 1)]
+        for i in range(1, n + 1):
+            name = instance_name("tst", i)
+            plan, slot = fleet.slot("t0", i)
+            planned = doc["instances"][name]
+            assert planned["vcpu_pins"] == list(slot.host_cpus)
+            assert planned["emulator_cpus"] == list(plan.emulator_cpus)
+            assert planned["numa_node"] == slot.numa_node
+            assert planned["memory_mib"] == slot.memory_mib == 512
+            assert planned["mac"] == mac_for("tst", name)
+            assert planned["disk_gib"] == 4
+    # Instances never share a host CPU, and the host's housekeeping CPUs stay free.
+    doc = tfvars_document(fleet, "t0", cap)
+    pins = [c for inst in doc["instances"].values() for c in inst["vcpu_pins"]]
+    assert len(pins) == len(set(pins))
+    assert not set(pins) & set(doc["instances"]["tst-01"]["emulator_cpus"])
+
+
+def test_metadata_is_what_the_manager_parses(fleet: Fleet) -> None:
+    doc = tfvars_document(fleet, "t0", 2)
+    for name, planned in doc["instances"].items():
+        attrs = {k.replace("_", "-"): str(v) for k, v in planned["metadata"].items()}
+        meta = InstanceMetadata.from_element(ET.Element("instance", attrs))
+        assert meta == InstanceMetadata(fleet="tst", cluster=name, role="primary",
+                                        index=int(name.rsplit("-", 1)[1]), standby=0, created_by="terraform")
+
+
+def test_host_image_and_domain_type(fleet: Fleet, image_dir: Path) -> None:
+    doc = tfvars_document(fleet, "t0", 1)
+    assert doc["libvirt_uri"] == "test:///default"
+    assert (doc["pool_name"], doc["pool_path"], doc["network_name"]) == ("pgcarve", "/var/lib/libvirt/pgcarve", "pgcarve")
+    assert doc["create_pool"] is False
+    assert doc["domain_type"] == fleet.domain_type("t0") == "qemu"
+    assert doc["kernel_cmdline"] == DomainSpec.cmdline
+    assert doc["image"] == {
+        "base_path": str(image_dir / "base.qcow2"),
+        "kernel_path": str(image_dir / "vmlinuz"),
+        "initrd_path": str(image_dir / "initrd.img"),
+        "tag": IMAGE_HASH[:12],
+    }
+
+
+def scram_matches(verifier: str, password: str) -> bool:
+    match = re.fullmatch(r"SCRAM-SHA-256\$(\d+):([^$]+)\$([^:]+):(.+)", verifier)
+    assert match, verifier
+    iterations, salt, stored_key = int(match[1]), base64.b64decode(match[2]), base64.b64decode(match[3])
+    salted = hashlib.pbkdf2_hmac("sha256", password.encode(), salt, iterations)
+    client_key = hmac.new(salted, b"Client Key", hashlib.sha256).digest()
+    return hashlib.sha256(client_key).digest() == stored_key
+
+
+def test_seeds_carry_the_fleets_verifiers_and_no_password(fleet: Fleet) -> None:
+    text = render_tfvars(fleet, "t0", 2)
+    creds = fleet.credentials
+    assert creds.admin_password not in text and creds.replication_password not in text
+    doc = json.loads(text)
+    assert set(doc["seeds"]) == set(doc["instances"])
+    for name, seed in doc["seeds"].items():
+        header, body = seed["user_data"].split("\n", 1)
+        assert header == "#cloud-config"
+        # What images/rootfs/usr/local/sbin/pgcarve-guest-setup does with it:
+        (entry,) = json.loads(body)["write_files"]
+        assert entry["path"] == "/etc/pgcarve/instance.json"
+        instance = json.loads(entry["content"])
+        assert instance["name"] == name and instance["role"] == "primary"
+        assert instance["synchronous_standby_names"] == ""
+        assert instance["synchronous_commit"] == fleet.config.replication.synchronous_commit
+        assert instance["allowed_cidrs"] == ["10.77.0.0/16", "10.76.0.0/24"]
+        assert scram_matches(instance["admin_password_scram"], creds.admin_password)
+        assert scram_matches(instance["replication_password_scram"], creds.replication_password)
+        assert "replication_password" not in instance
+        assert json.loads(seed["meta_data"]) == {"instance-id": f"{name}-terraform", "local-hostname": name}
+
+
+def test_second_primary_host_continues_the_numbering(tmp_path: Path, image_dir: Path) -> None:
+    fleet = Fleet(fleet_config(hosts=2), Paths(tmp_path / "state"))
+    try:
+        cap = capacity(fleet.topology("t0"), fleet.planner_config)
+        doc = tfvars_document(fleet, "t1", 2)
+        assert list(doc["instances"]) == [instance_name("tst", cap + 1), instance_name("tst", cap + 2)]
+        for k, name in enumerate(doc["instances"], start=cap + 1):
+            assert fleet.placement(k)[0].name == "t1"
+            assert doc["instances"][name]["vcpu_pins"] == list(fleet.slot("t1", k)[1].host_cpus)
+            assert doc["instances"][name]["metadata"]["index"] == k
+        # Instance 1 of t1 is laid out on t1 exactly as instance 1 of t0 is on t0 (same topology).
+        assert doc["instances"][instance_name("tst", cap + 1)]["vcpu_pins"] == list(fleet.slot("t0", 1)[1].host_cpus)
+    finally:
+        fleet.close()
+
+
+def test_refusals(tmp_path: Path, image_dir: Path) -> None:
+    fleet = Fleet(fleet_config(standby_host=True), Paths(tmp_path / "state"))
+    try:
+        with pytest.raises(ConfigError, match="role standby"):
+            tfvars_document(fleet, "s0", 1)
+        with pytest.raises(CapacityError, match="room for"):
+            tfvars_document(fleet, "t0", capacity(fleet.topology("t0"), fleet.planner_config) + 1)
+        with pytest.raises(ConfigError, match="no host named"):
+            tfvars_document(fleet, "nope", 1)
+        (image_dir / "inputs.sha256").unlink()
+        with pytest.raises(ImageMissing):
+            tfvars_document(fleet, "t0", 1)
+    finally:
+        fleet.close()
+
+
+def test_cli_prints_the_tfvars_json(tmp_path: Path, image_dir: Path) -> None:
+    hosts_file = tmp_path / "hosts.yaml"
+    hosts_file.write_text(json.dumps(fleet_config().model_dump(mode="json")))  # JSON is YAML
+    env = dict(os.environ, PGCARVE_STATE_DIR=str(tmp_path / "state"), PGCARVE_IMAGE_DIR=str(image_dir),
+               COLUMNS="40")  # a narrow terminal must not wrap the JSON
+    proc = subprocess.run([sys.executable, "-m", "pgcarve.cli", "--hosts-file", str(hosts_file), "plan",
+                           "--host", "t0", "--instances", "2", "--format", "tfvars"],
+                          capture_output=True, text=True, env=env, check=False)
+    assert proc.returncode == 0, proc.stderr
+    doc = json.loads(proc.stdout)
+    assert list(doc["instances"]) == ["tst-01", "tst-02"]
+    # Every variable written is one the example root module declares.
+    declared = set(re.findall(r'^variable "(\w+)"', (EXAMPLE / "variables.tf").read_text(), re.M))
+    assert set(doc) <= declared
+    # ... and the root passes every one but the provider's URI on to the module.
+    module_vars = set(re.findall(r'^variable "(\w+)"', (MODULE / "variables.tf").read_text(), re.M))
+    assert set(doc) - {"libvirt_uri"} <= module_vars
+
+
+# -- the Terraform module ----------------------------------------------------------------------
+
+
+def terraform(*args: str, cwd: Path, stdin: str | None = None) -> subprocess.CompletedProcess[str]:
+    env = dict(os.environ, TF_CLI_CONFIG_FILE=str(TERRAFORMRC), CHECKPOINT_DISABLE="1", TF_IN_AUTOMATION="1")
+    env.pop("TF_LOG", None)
+    return subprocess.run([str(TERRAFORM), *args], cwd=cwd, input=stdin, capture_output=True, text=True,
+                          env=env, check=False, timeout=300)
+
+
+def copy_module(tmp_path: Path) -> Path:
+    """The module and its example outside the repository, so no .terraform/ lands in it."""
+    dest = tmp_path / "terraform"
+    shutil.copytree(MODULE, dest, ignore=shutil.ignore_patterns("tools", ".terraform", "*.tfstate*",
+                                                                 ".terraform.lock.hcl", "*.tfvars.json"))
+    return dest
+
+
+@needs_terraform
+def test_fmt_and_validate(tmp_path: Path) -> None:
+    fmt = terraform("fmt", "-check", "-recursive", "-diff", "-no-color", str(MODULE), cwd=REPO)
+    assert fmt.returncode == 0, f"terraform fmt would change:\n{fmt.stdout}{fmt.stderr}"
+    module = copy_module(tmp_path)
+    for directory in (module, module / "examples" / "sandbox"):
+        init = terraform("init", "-backend=false", "-input=false", "-no-color", cwd=directory)
+        assert init.returncode == 0, init.stdout + init.stderr
+        validate = terraform("validate", "-no-color", cwd=directory)
+        assert validate.returncode == 0, validate.stdout + validate.stderr
+
+
+def module_console(module: Path, doc: dict[str, Any], expression: str) -> Any:
+    """Evaluate `expression` (jsonencoded) in the module with the generated variables; the
+    module's variable validation runs too."""
+    doc = {k: v for k, v in doc.items() if k != "libvirt_uri"}  # the example root's, not the module's
+    (module / "test.tfvars.json").write_text(json.dumps(doc))
+    result = terraform("console", "-no-color", "-var-file=test.tfvars.json", cwd=module, stdin=f"jsonencode({expression})\n")
+    assert result.returncode == 0, result.stdout + result.stderr
+    return json.loads(json.loads(result.stdout))
+
+
+@pytest.fixture
+def initialised_module(tmp_path: Path) -> Path:
+    module = copy_module(tmp_path)
+    init = terraform("init", "-backend=false", "-input=false", "-no-color", cwd=module)
+    assert init.returncode == 0, init.stdout + init.stderr
+    return module
+
+
+@needs_terraform
+def test_module_accepts_the_generated_variables(fleet: Fleet, initialised_module: Path) -> None:
+    doc = tfvars_document(fleet, "t0", 3)
+    got = module_console(initialised_module, doc, "{ cmdline = local.cmdline, names = keys(local.xslt) }")
+    assert got["names"] == list(doc["instances"])
+    # The maps the provider reads the command line back as, so a second plan shows no change.
+    assert got["cmdline"] == [{"root": "/dev/vda", "console": "ttyS0", "systemd.show_status": "0"}, {"_": "rw quiet"}]
+    # The module's validation rejects what the manager would never create.
+    bad = json.loads(json.dumps(doc))
+    bad["instances"]["tst-02"]["vcpu_pins"] = bad["instances"]["tst-01"]["vcpu_pins"]
+    (initialised_module / "test.tfvars.json").write_text(json.dumps({k: v for k, v in bad.items() if k != "libvirt_uri"}))
+    result = terraform("console", "-no-color", "-var-file=test.tfvars.json", cwd=initialised_module, stdin="1\n")
+    assert result.returncode != 0 and "only one vCPU of one instance" in result.stdout + result.stderr
+
+
+def provider_xml(doc: dict[str, Any], name: str) -> str:
+    """The domain XML terraform-provider-libvirt 0.7.6 generates for the module's libvirt_domain
+    before the XSLT (its cmdline words sorted, MAC upper-cased, PAE, spice, no serial)."""
+    planned = doc["instances"][name]
+    pool, tag = doc["pool_name"], doc["image"]["tag"]
+    cpu = '<cpu mode="host-passthrough"></cpu>' if doc["domain_type"] == "kvm" else "<cpu></cpu>"
+    return f"""<domain type="{doc['domain_type']}">
+  <name>{name}</name>
+  <memory unit="MiB">{planned['memory_mib']}</memory>
+  <vcpu>{len(planned['vcpu_pins'])}</vcpu>
+  <os>
+    <type arch="x86_64" machine="pc">hvm</type>
+    <kernel>{doc['pool_path']}/pgcarve-tf-vmlinuz-{tag}</kernel>
+    <initrd>{doc['pool_path']}/pgcarve-tf-initrd-{tag}</initrd>
+    <cmdline>{' '.join(sorted(['console=ttyS0', 'root=/dev/vda', 'rw quiet', 'systemd.show_status=0']))}</cmdline>
+  </os>
+  <features><pae></pae><acpi></acpi><apic></apic></features>
+  {cpu}
+  <devices>
+    <disk type="volume" device="disk">
+      <driver name="qemu" type="qcow2"></driver>
+      <source pool="{pool}" volume="{name}.qcow2"></source>
+      <target dev="vda" bus="virtio"></target>
+    </disk>
+    <disk type="volume" device="disk">
+      <driver name="qemu" type="raw"></driver>
+      <source pool="{pool}" volume="{name}-seed.iso"></source>
+      <target dev="vdb" bus="virtio"></target>
+    </disk>
+    <interface type="network">
+      <mac address="{planned['mac'].upper()}"></mac>
+      <source network="{doc['network_name']}"></source>
+      <model type="virtio"></model>
+    </interface>
+    <channel type="unix"><target type="virtio" name="org.qemu.guest_agent.0"></target></channel>
+    <graphics type="spice" autoport="yes"></graphics>
+    <rng model="virtio"><backend model="random">/dev/urandom</backend></rng>
+  </devices>
+</domain>
+"""
+
+
+def manager_spec(doc: dict[str, Any], name: str) -> DomainSpec:
+    """The DomainSpec the manager would define for the same guest (fleet.py, _create_guest)."""
+    planned, pool, tag = doc["instances"][name], doc["pool_name"], doc["image"]["tag"]
+    meta = planned["metadata"]
+    return DomainSpec(
+        name=name, domain_type=doc["domain_type"],
+        metadata=InstanceMetadata(fleet=meta["fleet"], cluster=meta["cluster"], role=meta["role"],
+                                  index=meta["index"], standby=meta["standby"], created_by=meta["created_by"]),
+        memory_mib=planned["memory_mib"], vcpu_pins=tuple(planned["vcpu_pins"]),
+        emulator_cpus=tuple(planned["emulator_cpus"]), numa_node=planned["numa_node"], hugepages=planned["hugepages"],
+        kernel=f"{doc['pool_path']}/pgcarve-tf-vmlinuz-{tag}", initrd=f"{doc['pool_path']}/pgcarve-tf-initrd-{tag}",
+        disks=(Disk("vda", pool, f"{name}.qcow2"), Disk("vdb", pool, f"{name}-seed.iso", format="raw", readonly=True)),
+        nics=(Nic(doc["network_name"], planned["mac"]),),
+        console_log=f"/var/log/libvirt/qemu/{name}-console.log",
+    )
+
+
+def libvirt_normalised(domain_xml: str) -> str:
+    """The XML libvirt (test driver) stores for a definition, without its random UUID."""
+    libvirt = pytest.importorskip("libvirt")
+    conn = libvirt.open("test:///default")
+    try:
+        dom = conn.defineXML(domain_xml)
+        try:
+            return re.sub(r"<uuid>[^<]*</uuid>", "", dom.XMLDesc(libvirt.VIR_DOMAIN_XML_INACTIVE))
+        finally:
+            dom.undefine()
+    finally:
+        conn.close()
+
+
+@needs_terraform
+@pytest.mark.skipif(shutil.which("xsltproc") is None, reason="xsltproc is missing (the provider needs it too)")
+@pytest.mark.parametrize("variant", ["qemu", "kvm-hugepages"])
+def test_xslt_turns_provider_xml_into_the_managers(fleet: Fleet, initialised_module: Path, tmp_path: Path,
+                                                   variant: str) -> None:
+    doc = tfvars_document(fleet, "t0", 2)
+    if variant == "kvm-hugepages":
+        doc["domain_type"] = "kvm"
+        for planned in doc["instances"].values():
+            planned["hugepages"] = True
+    stylesheets = module_console(initialised_module, doc, "local.xslt")
+    for name in doc["instances"]:
+        (tmp_path / "domain.xsl").write_text(stylesheets[name])
+        (tmp_path / "provider.xml").write_text(provider_xml(doc, name))
+        transformed = subprocess.run(["xsltproc", "--nonet", str(tmp_path / "domain.xsl"), str(tmp_path / "provider.xml")],
+                                     capture_output=True, text=True, check=True).stdout
+        expected = manager_spec(doc, name).to_xml()
+        if variant == "kvm-hugepages":
+            # The test driver cannot define kvm domains; the type attribute is all that differs.
+            assert ET.fromstring(transformed).get("type") == "kvm"
+            assert ET.fromstring(transformed).find("cpu").attrib == {"mode": "host-passthrough", "check": "none"}  # type: ignore[union-attr]
+            transformed = transformed.replace('<domain type="kvm"', '<domain type="qemu"', 1)
+            expected = expected.replace('<domain type="kvm"', '<domain type="qemu"', 1)
+        assert libvirt_normalised(transformed) == libvirt_normalised(expected)
