@@ -71,6 +71,9 @@ class LibvirtHost:
         self.pool_path = pool_path
         self._conn: libvirt.virConnect | None = None
         self._lock = threading.Lock()
+        # libvirt refuses concurrent changes to one pool ("pool has asynchronous jobs"): one
+        # storage change at a time per host.
+        self._storage_lock = threading.RLock()
 
     # -- connection -------------------------------------------------------------------------
 
@@ -134,9 +137,9 @@ class LibvirtHost:
 
     # -- storage ----------------------------------------------------------------------------
 
-    def ensure_pool(self) -> libvirt.virStoragePool:
+    def ensure_pool(self, refresh: bool = False) -> libvirt.virStoragePool:
         """pgcarve's directory pool, defined, built, started and autostarted if needed."""
-        with self._translate(f"preparing storage pool {self.pool_name}"):
+        with self._storage_lock, self._translate(f"preparing storage pool {self.pool_name}"):
             try:
                 pool = self.conn.storagePoolLookupByName(self.pool_name)
             except libvirt.libvirtError as exc:
@@ -150,12 +153,13 @@ class LibvirtHost:
                 pool.setAutostart(1)
             if not pool.isActive():
                 pool.create(0)
-            pool.refresh(0)
+            if refresh:
+                pool.refresh(0)
             return pool
 
     def volume_names(self) -> set[str]:
-        with self._translate("listing volumes"):
-            return set(self.ensure_pool().listVolumes())
+        with self._storage_lock, self._translate("listing volumes"):
+            return set(self.ensure_pool(refresh=True).listVolumes())
 
     def _upload(self, pool: libvirt.virStoragePool, name: str, source: Path, fmt: str) -> libvirt.virStorageVol:
         size = source.stat().st_size
@@ -190,8 +194,8 @@ class LibvirtHost:
             f"pgcarve-vmlinuz-{tag}": (image_dir / "vmlinuz", "raw"),
             f"pgcarve-initrd-{tag}": (image_dir / "initrd.img", "raw"),
         }
-        with self._translate("uploading the guest image"):
-            pool = self.ensure_pool()
+        with self._storage_lock, self._translate("uploading the guest image"):
+            pool = self.ensure_pool(refresh=True)
             present = set(pool.listVolumes())
             for name, (source, fmt) in wanted.items():
                 if name not in present:
@@ -205,7 +209,7 @@ class LibvirtHost:
 
     def create_overlay(self, name: str, base_volume: str, size_gib: int) -> None:
         """A qcow2 overlay on the base volume: O(1) in the size of the image."""
-        with self._translate(f"creating disk {name}"):
+        with self._storage_lock, self._translate(f"creating disk {name}"):
             pool = self.ensure_pool()
             base = pool.storageVolLookupByName(base_volume)
             root = ET.Element("volume")
@@ -218,7 +222,7 @@ class LibvirtHost:
             pool.createXML(ET.tostring(root, encoding="unicode"), 0)
 
     def upload_file(self, name: str, source: Path) -> None:
-        with self._translate(f"uploading {name}"):
+        with self._storage_lock, self._translate(f"uploading {name}"):
             pool = self.ensure_pool()
             with contextlib.suppress(libvirt.libvirtError):
                 pool.storageVolLookupByName(name).delete(0)
@@ -226,7 +230,7 @@ class LibvirtHost:
 
     def delete_volume(self, name: str) -> bool:
         """Delete a volume if it exists; True if something was deleted."""
-        with self._translate(f"deleting volume {name}"):
+        with self._storage_lock, self._translate(f"deleting volume {name}"):
             pool = self.ensure_pool()
             try:
                 vol = pool.storageVolLookupByName(name)

@@ -8,6 +8,7 @@ primary are refused and its synchronous standby has replayed everything the prim
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 from collections.abc import Sequence
@@ -19,6 +20,8 @@ import psycopg
 from pgcarve.errors import Conflict, GuestNotReady
 from pgcarve.fleet import Fleet, Instance, Progress, no_progress
 from pgcarve.guest_config import application_name
+
+log = logging.getLogger("pgcarve.scaler")
 
 
 @dataclass(frozen=True)
@@ -55,7 +58,7 @@ class Scaler:
                 self.retire(self.fleet.instance(f"{self.fleet.config.fleet}-{index:02d}"), progress)
             if plan.create:
                 with ThreadPoolExecutor(max_workers=min(self.max_parallel, len(plan.create))) as pool:
-                    futures = [pool.submit(self.fleet.create_instance, i, progress) for i in plan.create]
+                    futures = [pool.submit(self._create, i, progress) for i in plan.create]
                     errors = []
                     for future in futures:
                         try:
@@ -67,6 +70,16 @@ class Scaler:
             return plan
         finally:
             self._busy.release()
+
+    def _create(self, index: int, progress: Progress) -> None:
+        name = f"{self.fleet.config.fleet}-{index:02d}"
+        try:
+            self.fleet.create_instance(index, progress)
+        except Exception as exc:
+            # Say so at once: the operation only fails after its other instances finish.
+            log.error("creating %s failed (its guests and disks were removed): %s", name, exc)
+            progress(name, f"failed: {exc}", 1.0)
+            raise
 
     def retire(self, instance: Instance, progress: Progress = no_progress, timeout_s: float = 120) -> None:
         """Remove an instance without losing an acknowledged commit that the fleet would keep.
