@@ -30,7 +30,9 @@ def image_variable(fleet: Fleet) -> dict[str, str]:
     image_dir = fleet.paths.image_dir.resolve()
     inputs = image_dir / "inputs.sha256"
     if not inputs.exists():
-        raise ImageMissing(f"no guest image in {image_dir}: build it with `make image` (or images/build.sh {image_dir})")
+        raise ImageMissing(
+            f"no guest image in {image_dir}: build it with `make image` (or images/build.sh {image_dir})"
+        )
     image = {key: str(image_dir / filename) for key, filename in IMAGE_FILES.items()}
     missing = [path for path in image.values() if not Path(path).exists()]
     if missing:

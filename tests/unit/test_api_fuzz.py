@@ -9,7 +9,6 @@ import libvirt
 import pytest
 import schemathesis
 from hypothesis import HealthCheck, settings
-
 from pgcarve.config import FleetConfig, HostConfig, Paths, Replication
 from pgcarve.service import ManagerService
 from pgcarve_api.main import create_app

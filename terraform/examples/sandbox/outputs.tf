@@ -1,3 +1,8 @@
+output "emulator_cpus" {
+  description = "Host CPUs of each guest's emulator threads, by guest name."
+  value       = module.pgcarve_host.emulator_cpus
+}
+
 output "guest_names" {
   description = "Names of the guests, in instance index order."
   value       = module.pgcarve_host.guest_names
@@ -16,11 +21,6 @@ output "macs" {
 output "pinned_cpus" {
   description = "Host CPU of each vCPU, by guest name."
   value       = module.pgcarve_host.pinned_cpus
-}
-
-output "emulator_cpus" {
-  description = "Host CPUs of each guest's emulator threads, by guest name."
-  value       = module.pgcarve_host.emulator_cpus
 }
 
 output "volumes" {
