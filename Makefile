@@ -21,7 +21,7 @@ API_PORT ?= 8080
 
 APT_PACKAGES := qemu-system-x86 qemu-utils libvirt-daemon-system libvirt-clients libvirt-dev \
 	pkg-config gcc dnsmasq-base xsltproc mmdebstrap e2fsprogs genisoimage \
-	postgresql-15 postgresql-client iproute2 python3-venv python3-dev ca-certificates chromium npm
+	postgresql-15 postgresql-client iproute2 python3-venv python3-dev ca-certificates chromium
 
 .PHONY: help deps apt venv image vendor tools demo down test lint unit integration bench clean
 
@@ -42,6 +42,8 @@ apt:
 	  echo "apt: installing $$missing"; \
 	  apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends $$missing; \
 	fi
+	@# npm only where no Node.js toolchain is installed already (Debian's npm conflicts with others).
+	@command -v npm >/dev/null || { apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q npm; }
 
 venv: $(VENV)/.installed
 
