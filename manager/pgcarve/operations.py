@@ -34,6 +34,7 @@ class Operation:
     started_at: float | None = None
     finished_at: float | None = None
     steps: dict[str, dict[str, object]] = field(default_factory=dict)  # per guest: step, fraction
+    seq: int = 0  # acceptance order
 
     def public(self) -> dict[str, object]:
         return asdict(self)
@@ -50,6 +51,7 @@ class OperationQueue:
         self._pending: list[str] = []
         self._cond = threading.Condition()
         self._stopped = False
+        self._seq = 0
         self._thread = threading.Thread(target=self._worker, name="pgcarve-operations", daemon=True)
         self.counts: dict[str, int] = {"accepted": 0, "succeeded": 0, "failed": 0, "superseded": 0}
 
@@ -65,8 +67,10 @@ class OperationQueue:
             self._cond.notify_all()
 
     def submit(self, kind: str, target: int) -> Operation:
-        op = Operation(id=uuid.uuid4().hex[:12], kind=kind, target=target)
         with self._cond:
+            # Created under the lock, so creation order is the order the worker sees.
+            self._seq += 1
+            op = Operation(id=uuid.uuid4().hex[:12], kind=kind, target=target, seq=self._seq)
             self._ops[op.id] = op
             self._pending.append(op.id)
             self.counts["accepted"] += 1
@@ -80,7 +84,7 @@ class OperationQueue:
 
     def all(self) -> list[Operation]:
         with self._cond:
-            return sorted(self._ops.values(), key=lambda o: o.created_at)
+            return sorted(self._ops.values(), key=lambda o: (o.created_at, o.seq))
 
     def active(self) -> list[Operation]:
         return [op for op in self.all() if op.status in ("pending", "running")]
