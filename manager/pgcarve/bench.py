@@ -51,7 +51,7 @@ import libvirt
 from psycopg import sql
 
 from pgcarve.config import FleetConfig, HostConfig, InstanceSize, Paths, Replication, load_fleet_config
-from pgcarve.domain_xml import Disk, DomainSpec, InstanceMetadata, Nic, mac_for, vcpu_pins_from_xml
+from pgcarve.domain_xml import DomainSpec, InstanceMetadata, vcpu_pins_from_xml
 from pgcarve.errors import PgcarveError
 from pgcarve.fleet import Fleet, Guest, Instance, Progress, instance_name, no_progress
 from pgcarve.guest_config import GuestSeed, write_seed_iso
@@ -396,25 +396,11 @@ def testdriver_config(hosts: int, uri: str, fleet: str = BENCH_FLEET) -> FleetCo
 
 
 def _domain_spec(fleet: Fleet, host: HostConfig, index: int, image: BaseImage) -> DomainSpec:
-    """The DomainSpec Fleet._create_guest builds for a primary (same fields, same order)."""
+    """The DomainSpec Fleet._create_guest builds for a primary."""
     name = instance_name(fleet.config.fleet, index)
-    plan, slot = fleet.slot(host.name, index)
-    return DomainSpec(
-        name=name,
-        domain_type=fleet.config.domain_type if fleet.config.domain_type != "auto" else "qemu",
-        metadata=InstanceMetadata(fleet=fleet.config.fleet, cluster=name, role="primary", index=index),
-        memory_mib=slot.memory_mib,
-        vcpu_pins=slot.host_cpus,
-        emulator_cpus=plan.emulator_cpus,
-        numa_node=slot.numa_node,
-        hugepages=fleet.config.instance.hugepages,
-        kernel=image.kernel_path,
-        initrd=image.initrd_path,
-        disks=(Disk("vda", host.pool, f"{name}.qcow2"),
-               Disk("vdb", host.pool, f"{name}-seed.iso", format="raw", readonly=True)),
-        nics=(Nic(host.network, mac_for(fleet.config.fleet, name)),),
-        console_log=f"/var/log/libvirt/qemu/{name}-console.log",
-    )
+    meta = InstanceMetadata(fleet=fleet.config.fleet, cluster=name, role="primary", index=index)
+    domain_type = fleet.config.domain_type if fleet.config.domain_type != "auto" else "qemu"
+    return fleet.domain_spec(host, name, meta, image, domain_type)
 
 
 def reconcile_control_plane(fleet: Fleet, instances: int, parallel: int) -> dict[str, Any]:

@@ -282,22 +282,13 @@ class Fleet:
 
     # -- creating ----------------------------------------------------------------------------
 
-    def _create_guest(self, host: HostConfig, name: str, meta: InstanceMetadata, seed: GuestSeed,
-                      progress: Progress) -> None:
-        lv = self.hosts[host.name]
-        image = self.image_on(host.name)
+    def domain_spec(self, host: HostConfig, name: str, meta: InstanceMetadata, image: BaseImage,
+                    domain_type: str) -> DomainSpec:
+        """The domain for guest `name` on `host`: its planned slot, its disks, its NIC."""
         plan, slot = self.slot(host.name, meta.index)
-        progress(name, f"disk and seed on {host.name}", 0.1)
-        disk = f"{name}.qcow2"
-        seed_volume = f"{name}-seed.iso"
-        lv.create_overlay(disk, image.disk, self.config.instance.disk_gib)
-        with tempfile.TemporaryDirectory(prefix="pgcarve-") as tmp:
-            iso = Path(tmp) / "seed.iso"
-            write_seed_iso(seed, f"{name}-{int(time.time())}", iso)
-            lv.upload_file(seed_volume, iso)
-        spec = DomainSpec(
+        return DomainSpec(
             name=name,
-            domain_type=self.domain_type(host.name),  # type: ignore[arg-type]
+            domain_type=domain_type,  # type: ignore[arg-type]
             metadata=meta,
             memory_mib=slot.memory_mib,
             vcpu_pins=slot.host_cpus,
@@ -306,11 +297,26 @@ class Fleet:
             hugepages=self.config.instance.hugepages,
             kernel=image.kernel_path,
             initrd=image.initrd_path,
-            disks=(Disk("vda", host.pool, disk), Disk("vdb", host.pool, seed_volume, format="raw", readonly=True)),
+            disks=(Disk("vda", host.pool, f"{name}.qcow2"),
+                   Disk("vdb", host.pool, f"{name}-seed.iso", format="raw", readonly=True)),
             nics=(Nic(host.network, mac_for(self.config.fleet, name)),),
             console_log=f"/var/log/libvirt/qemu/{name}-console.log",
         )
-        progress(name, f"starting on {host.name} CPUs {','.join(map(str, slot.host_cpus))}", 0.2)
+
+    def _create_guest(self, host: HostConfig, name: str, meta: InstanceMetadata, seed: GuestSeed,
+                      progress: Progress) -> None:
+        lv = self.hosts[host.name]
+        image = self.image_on(host.name)
+        progress(name, f"disk and seed on {host.name}", 0.1)
+        disk = f"{name}.qcow2"
+        seed_volume = f"{name}-seed.iso"
+        lv.create_overlay(disk, image.disk, self.config.instance.disk_gib)
+        with tempfile.TemporaryDirectory(prefix="pgcarve-") as tmp:
+            iso = Path(tmp) / "seed.iso"
+            write_seed_iso(seed, f"{name}-{int(time.time())}", iso)
+            lv.upload_file(seed_volume, iso)
+        spec = self.domain_spec(host, name, meta, image, self.domain_type(host.name))
+        progress(name, f"starting on {host.name} CPUs {','.join(map(str, spec.vcpu_pins))}", 0.2)
         lv.define_and_start(spec)
 
     def _wait_sql(self, host: HostConfig, name: str, progress: Progress, standby: bool = False) -> Guest:
