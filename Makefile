@@ -23,13 +23,14 @@ APT_PACKAGES := qemu-system-x86 qemu-utils libvirt-daemon-system libvirt-clients
 	pkg-config gcc dnsmasq-base xsltproc mmdebstrap e2fsprogs genisoimage \
 	postgresql-15 postgresql-client iproute2 python3-venv python3-dev ca-certificates chromium
 
-.PHONY: help deps apt venv image vendor tools demo down test lint unit integration bench clean
+.PHONY: help deps apt venv image vendor tools demo down test test-faults lint unit integration bench clean
 
 help:
 	@echo "make demo   - install, build the guest image, start a $(DEMO_HOSTS)-host sandbox, carve $(DEMO_INSTANCES) instances,"
 	@echo "              run pgbench on each, leave the API and dashboard on http://127.0.0.1:$(API_PORT)/"
 	@echo "make down   - stop everything demo started (guests, API, sandbox daemons, namespaces)"
 	@echo "make test   - install, then lint, unit, integration (boots guests) and browser tests"
+	@echo "make test-faults - only the fault tests (primary/standby killed, disk full, restarts)"
 	@echo "make bench  - benchmarks (see README)"
 
 ## --- installation -------------------------------------------------------------------------
@@ -89,6 +90,10 @@ unit: venv
 
 test: deps image tools lint
 	$(PY) -m pytest tests -q
+
+# The fault tests alone (make test runs them too): their own sandbox, an instance, then the faults.
+test-faults: deps image
+	$(PY) -m pytest tests/integration/test_faults.py -q
 
 bench: deps image
 	$(PY) -m pgcarve.bench $(BENCH_ARGS)

@@ -26,7 +26,7 @@ from pgcarve.service import ManagerService
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from pgcarve_api.metrics import build_registry
-from pgcarve_api.routes import dashboard, health, hosts, instances, metrics, plan, scale, tps
+from pgcarve_api.routes import dashboard, health, hosts, incidents, instances, metrics, plan, scale, tps
 from pgcarve_api.routes.dashboard import STATIC_DIR
 from pgcarve_api.security import load_or_create_token
 from pgcarve_api.settings import Settings, get_settings
@@ -61,29 +61,30 @@ class BodyLimit:
         if declared is not None and (not declared.isdigit() or int(declared) > self.limit):
             await self._refuse(send)
             return
+        # Read the whole body first (it is small by definition) so a chunked body over the
+        # limit is refused here with 413, not half-parsed by a route.
+        messages: list[Message] = []
         seen = 0
-
-        async def limited() -> Message:
-            nonlocal seen
+        while True:
             message = await receive()
-            if message["type"] == "http.request":
-                seen += len(message.get("body", b""))
-                if seen > self.limit:
-                    raise _TooLarge
-            return message
+            messages.append(message)
+            if message["type"] != "http.request":
+                break
+            seen += len(message.get("body", b""))
+            if seen > self.limit:
+                await self._refuse(send)
+                return
+            if not message.get("more_body", False):
+                break
 
-        try:
-            await self.app(scope, limited, send)
-        except _TooLarge:
-            await self._refuse(send)
+        async def replay() -> Message:
+            return messages.pop(0) if messages else await receive()
+
+        await self.app(scope, replay, send)
 
     async def _refuse(self, send: Send) -> None:
         response = JSONResponse({"detail": f"request body larger than {self.limit} bytes"}, status_code=413)
         await response({"type": "http"}, _empty_receive, send)
-
-
-class _TooLarge(Exception):
-    pass
 
 
 async def _empty_receive() -> Message:
@@ -102,7 +103,8 @@ def create_app(settings: Settings | None = None, service: ManagerService | None 
             config = load_fleet_config(paths.hosts_file(str(settings.hosts_file) if settings.hosts_file else None))
             app.state.service = ManagerService(config, paths, refresh_s=settings.refresh_s,
                                                collect=settings.collect,
-                                               collect_interval_s=settings.collect_interval_s)
+                                               collect_interval_s=settings.collect_interval_s,
+                                               supervise=settings.supervise)
             app.state.service.start()
         app.state.registry = build_registry(app.state.service)
         stop = asyncio.Event()
@@ -140,7 +142,7 @@ def create_app(settings: Settings | None = None, service: ManagerService | None 
         response.headers.setdefault("X-Frame-Options", "DENY")
         return response
 
-    for module in (health, hosts, instances, scale, plan, tps, metrics, dashboard):
+    for module in (health, hosts, instances, incidents, scale, plan, tps, metrics, dashboard):
         app.include_router(module.router)
     STATIC_DIR.mkdir(exist_ok=True)
     app.mount("/static", StaticFiles(directory=STATIC_DIR), name="static")

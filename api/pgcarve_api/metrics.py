@@ -73,6 +73,17 @@ class FleetMetrics(Collector):
         for result, count in sorted(self.service.operations.counts.items()):
             ops.add_metric([result], float(count))
         yield ops
+        faults = CounterMetricFamily("pgcarve_incidents", "Faults detected (guest stopped, paused, missing)",
+                                     labels=["what"])
+        if self.service.supervisor is not None:
+            for what, count in sorted(self.service.supervisor.counts.items()):
+                faults.add_metric([what], float(count))
+        yield faults
+        open_ = GaugeMetricFamily("pgcarve_incidents_open", "Faults not recovered yet", labels=["instance"])
+        for incident in self.service.incidents():
+            if incident.status in ("recovering", "failed"):
+                open_.add_metric([incident.instance], 1.0)
+        yield open_
 
 
 def build_registry(service: ManagerService) -> CollectorRegistry:

@@ -20,6 +20,8 @@ class HostOut(BaseModel):
     memory_mib: int
     free_cpus: int
     instances: int
+    watching_events: bool | None = Field(
+        None, description="the manager is subscribed to this host's libvirt lifecycle events (null: not supervising)")
 
 
 class StandbyOut(BaseModel):
@@ -37,7 +39,26 @@ class InstanceOut(BaseModel):
     vcpus: list[int] = Field(description="host CPU ids the instance's vCPUs are pinned to")
     memory_mib: int
     dsn: str | None = Field(description="postgresql:// URI without the password")
+    writes: str = Field("unknown", description="whether commits are accepted now, and if not, why")
+    incident: str | None = Field(None, description="the latest fault not recovered yet, if any")
     standbys: list[StandbyOut]
+
+
+class IncidentOut(BaseModel):
+    id: int
+    instance: str
+    guest: str
+    host: str
+    role: str
+    what: str
+    cause: str
+    detected_at: float = Field(description="when libvirt's event (or the periodic check) reported it")
+    source: Literal["event", "sweep"]
+    status: Literal["recovering", "recovered", "failed", "reported"]
+    action: str
+    message: str
+    finished_at: float | None
+    attempts: int
 
 
 class ScaleIn(BaseModel):

@@ -19,6 +19,7 @@ class Settings(BaseSettings):
     refresh_s: float = 2.0
     collect: bool = True
     collect_interval_s: float = 1.0
+    supervise: bool = True  # PGCARVE_SUPERVISE=0: no HA loop (faults are neither noticed nor repaired)
     max_body_bytes: int = 64 * 1024
 
     @property

@@ -379,7 +379,7 @@ class TestDriverFleet(Fleet):
                                                initrd_path="/nonexistent/initrd.img")
             return self._images[host]
 
-    def _wait_sql(self, host: HostConfig, name: str, progress: Progress, standby: bool = False) -> Guest:
+    def wait_sql(self, host: HostConfig, name: str, progress: Progress, standby: bool = False) -> Guest:
         return Guest(info=self.hosts[host.name].guest(name), address=None, endpoint=None)
 
 
@@ -387,7 +387,8 @@ def testdriver_config(hosts: int, uri: str, fleet: str = BENCH_FLEET) -> FleetCo
     return FleetConfig(
         fleet=fleet,
         domain_type="qemu",
-        instance=InstanceSize(vcpus=1, memory_mib=4096, housekeeping_cpus=None, hugepages=False, disk_gib=8),
+        instance=InstanceSize(vcpus=1, memory_mib=4096, housekeeping_cpus=None, hugepages=False, disk_gib=8,
+                              disk_reserve_mib=0),
         replication=Replication(standbys=0, sync_mode="FIRST", sync_count=1, synchronous_commit="remote_write"),
         hosts=[HostConfig(name=f"db{i + 1}", uri=uri, role="primary", pool="pgcarve",
                           pool_path="/var/lib/libvirt/pgcarve", network="pgcarve", reach="direct", netns=None)
@@ -583,7 +584,7 @@ def control_plane(out: Path | None, instances: int = 256, requests: int = 500, h
     with tempfile.TemporaryDirectory(prefix="pgcarve-bench-cp-") as tmp:
         paths = Paths(Path(tmp))
         fleet = TestDriverFleet(config, paths, caps)
-        service = ManagerService(config, paths, refresh_s=2.0, collect=False)
+        service = ManagerService(config, paths, refresh_s=2.0, collect=False, supervise=False)
         service.fleet = fleet  # the service observes the test-driver connections the fleet created on
         service.scaler = Scaler(fleet)
         try:
@@ -822,7 +823,7 @@ def scale_out(out: Path | None, paths: Paths, hosts: int, standbys: int, steps: 
         config = with_size(base, standbys=standbys, fleet=bench_fleet("o"))
         (paths.state_dir / "operations.json").unlink(missing_ok=True)  # never resume an old bench's scale
         recorder = StepRecorder()
-        service = ManagerService(config, paths, refresh_s=5.0, collect=False)
+        service = ManagerService(config, paths, refresh_s=5.0, collect=False, supervise=False)
         fleet = RecordingFleet(config, paths, recorder)
         service.fleet = fleet
         service.scaler = Scaler(fleet)

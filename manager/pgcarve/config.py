@@ -17,6 +17,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from pgcarve.errors import ConfigError
+from pgcarve.guest_config import check_network
 
 NAME_PATTERN = r"^[a-z][a-z0-9-]{0,30}$"
 
@@ -30,6 +31,10 @@ class InstanceSize(BaseModel):
     )
     hugepages: bool = Field(False, description="back guest memory with 2 MiB hugepages")
     disk_gib: int = Field(8, ge=2, le=16384, description="virtual size of each guest's disk")
+    disk_reserve_mib: int = Field(
+        1024, ge=0, le=16 * 1024 * 1024,
+        description="free space a host's storage pool must have for each new guest (its disk grows as it is written)",
+    )
 
 
 class Replication(BaseModel):
@@ -44,6 +49,18 @@ class Replication(BaseModel):
         if self.standbys and self.sync_count > self.standbys:
             raise ValueError(f"sync_count {self.sync_count} exceeds standbys {self.standbys}")
         return self
+
+
+class Recovery(BaseModel):
+    """What the manager does when libvirt reports a guest stopped that nobody asked to stop."""
+
+    model_config = ConfigDict(extra="forbid")
+    primary: Literal["restart", "failover"] = Field(
+        "restart",
+        description="restart: start the primary again from its disk (standbys reattach); "
+                    "failover: promote the most advanced standby, move the DSN, build a new standby",
+    )
+    enabled: bool = Field(True, description="false: report faults but leave guests as they are")
 
 
 class HostConfig(BaseModel):
@@ -62,8 +79,18 @@ class HostConfig(BaseModel):
     @field_validator("uri")
     @classmethod
     def _uri_shape(cls, value: str) -> str:
-        if not re.match(r"^[a-z][a-z0-9+]*://", value):
-            raise ValueError(f"{value!r} is not a libvirt URI (like qemu:///system)")
+        # No whitespace, quotes or shell/markup characters anywhere: the URI reaches ssh and logs.
+        if not re.fullmatch(r"[a-z][a-z0-9+]*://[A-Za-z0-9@%:/?&=._+,~-]*", value):
+            raise ValueError(f"{value!r} is not a libvirt URI (like qemu:///system or "
+                             "qemu+ssh://root@db1/system?keyfile=/root/.ssh/id)")
+        return value
+
+    @field_validator("netns")
+    @classmethod
+    def _netns_name(cls, value: str | None) -> str | None:
+        if value is not None and (not re.fullmatch(r"[A-Za-z0-9_-][A-Za-z0-9_.-]{0,62}", value)
+                                  or value in (".", "..")):
+            raise ValueError(f"{value!r} is not a network namespace name (letters, digits, '_', '-', '.')")
         return value
 
 
@@ -73,9 +100,18 @@ class FleetConfig(BaseModel):
     domain_type: Literal["auto", "kvm", "qemu"] = "auto"
     instance: InstanceSize = InstanceSize()  # type: ignore[call-arg]
     replication: Replication = Replication()  # type: ignore[call-arg]
+    recovery: Recovery = Recovery()  # type: ignore[call-arg]
     allowed_cidrs: list[str] = Field(default_factory=lambda: ["10.77.0.0/16"],
                                      description="networks allowed to log in to PostgreSQL")
     hosts: list[HostConfig]
+
+    @field_validator("allowed_cidrs")
+    @classmethod
+    def _networks(cls, value: list[str]) -> list[str]:
+        try:
+            return [check_network(cidr) for cidr in value]
+        except ConfigError as exc:
+            raise ValueError(str(exc)) from None
 
     @model_validator(mode="after")
     def _hosts_consistent(self) -> FleetConfig:

@@ -19,6 +19,11 @@ from pgcarve.topology import format_cpuset, parse_cpuset
 METADATA_NS = "urn:pgcarve:instance:1"
 METADATA_PREFIX = "pgcarve"
 ET.register_namespace(METADATA_PREFIX, METADATA_NS)
+# Present only while the manager is still building a guest's instance: a guest that carries it
+# after a manager crash is half-made and is removed on restart (it never held acknowledged data).
+CREATING_NS = "urn:pgcarve:creating:1"
+CREATING_PREFIX = "pgcarve-creating"
+ET.register_namespace(CREATING_PREFIX, CREATING_NS)
 
 FLEET_RE = re.compile(r"^[a-z][a-z0-9]{0,15}$")
 DOMAIN_NAME_RE = re.compile(r"^[a-z][a-z0-9-]{0,62}$")
@@ -44,11 +49,11 @@ class InstanceMetadata:
     created_by: CreatedBy = "manager"
 
     def __post_init__(self) -> None:
-        if not FLEET_RE.match(self.fleet):
+        if not FLEET_RE.fullmatch(self.fleet):
             raise ConfigError(
                 f"fleet name {self.fleet!r} must be 1-16 lower-case letters/digits, starting with a letter"
             )
-        if not DOMAIN_NAME_RE.match(self.cluster):
+        if not DOMAIN_NAME_RE.fullmatch(self.cluster):
             raise ConfigError(f"cluster name {self.cluster!r} is not a valid instance name")
         if self.role not in ("primary", "standby"):
             raise ConfigError(f"role {self.role!r} must be primary or standby")
@@ -146,9 +151,10 @@ class DomainSpec:
     cmdline: str = "root=/dev/vda rw console=ttyS0 quiet systemd.show_status=0"
     machine: str = "pc"
     title: str = field(default="")
+    creating: bool = False  # mark as half-made until the instance is complete (CREATING_NS)
 
     def __post_init__(self) -> None:
-        if not DOMAIN_NAME_RE.match(self.name):
+        if not DOMAIN_NAME_RE.fullmatch(self.name):
             raise ConfigError(f"domain name {self.name!r} is invalid (lower-case letters, digits, '-')")
         if self.domain_type not in ("kvm", "qemu"):
             raise ConfigError(f"domain type {self.domain_type!r} must be kvm or qemu")
@@ -161,14 +167,14 @@ class DomainSpec:
         if not 128 <= self.memory_mib <= 4 * 1024 * 1024:
             raise ConfigError(f"{self.name}: memory {self.memory_mib} MiB is outside 128 MiB..4 TiB")
         for nic in self.nics:
-            if not MAC_RE.match(nic.mac):
+            if not MAC_RE.fullmatch(nic.mac):
                 raise ConfigError(f"{self.name}: MAC {nic.mac!r} is not a 52:54:00:xx:xx:xx address")
-            if not IDENT_RE.match(nic.network):
+            if not IDENT_RE.fullmatch(nic.network):
                 raise ConfigError(f"{self.name}: network name {nic.network!r} is invalid")
         for disk in self.disks:
-            if not (IDENT_RE.match(disk.pool) and IDENT_RE.match(disk.volume)):
+            if not (IDENT_RE.fullmatch(disk.pool) and IDENT_RE.fullmatch(disk.volume)):
                 raise ConfigError(f"{self.name}: pool/volume name {disk.pool}/{disk.volume} is invalid")
-            if not re.match(r"^vd[a-z]$", disk.target):
+            if not re.fullmatch(r"vd[a-z]", disk.target):
                 raise ConfigError(f"{self.name}: disk target {disk.target!r} must be vda..vdz")
 
     def to_xml(self) -> str:
@@ -176,7 +182,10 @@ class DomainSpec:
         dom = ET.Element("domain", {"type": self.domain_type})
         ET.SubElement(dom, "name").text = self.name
         ET.SubElement(dom, "title").text = self.title or f"pgcarve {self.metadata.role} {self.name}"
-        ET.SubElement(dom, "metadata").append(self.metadata.element())
+        metadata = ET.SubElement(dom, "metadata")
+        metadata.append(self.metadata.element())
+        if self.creating:
+            metadata.append(ET.Element(f"{{{CREATING_NS}}}creating"))
         ET.SubElement(dom, "memory", {"unit": "MiB"}).text = str(self.memory_mib)
         ET.SubElement(dom, "currentMemory", {"unit": "MiB"}).text = str(self.memory_mib)
         if self.hugepages:

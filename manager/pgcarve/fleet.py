@@ -14,7 +14,7 @@ import os
 import tempfile
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -110,6 +110,44 @@ class Fleet:
         self._images: dict[str, BaseImage] = {}
         self._topologies: dict[str, HostTopology] = {}
         self._locks = {name: threading.Lock() for name in self.hosts}
+        # One piece of work per instance at a time (a scale operation or a fault recovery).
+        self._instance_locks: dict[int, threading.Lock] = {}
+        self._busy: dict[int, str] = {}
+        self._guard = threading.Lock()
+        self._removing: dict[str, float] = {}  # guest name -> when we chose to stop it
+
+    # -- who is working on what --------------------------------------------------------------
+
+    @contextlib.contextmanager
+    def exclusive(self, index: int, doing: str) -> Iterator[None]:
+        """Hold instance `index` for one piece of work; others wait (or skip it, see busy())."""
+        with self._guard:
+            lock = self._instance_locks.setdefault(index, threading.Lock())
+        with lock:
+            with self._guard:
+                self._busy[index] = doing
+            try:
+                yield
+            finally:
+                with self._guard:
+                    self._busy.pop(index, None)
+
+    def busy(self, index: int) -> str | None:
+        """What work holds instance `index` now, if any."""
+        with self._guard:
+            return self._busy.get(index)
+
+    def stopping_on_purpose(self, name: str, within_s: float = 120.0) -> bool:
+        """Did this manager stop guest `name` itself recently (so a stop event is no fault)?"""
+        with self._guard:
+            since = self._removing.get(name)
+        return since is not None and time.monotonic() - since < within_s
+
+    def _will_stop(self, name: str) -> None:
+        with self._guard:
+            now = time.monotonic()
+            self._removing = {n: t for n, t in self._removing.items() if now - t < 600}
+            self._removing[name] = now
 
     # -- facts -------------------------------------------------------------------------------
 
@@ -188,6 +226,33 @@ class Fleet:
             for host in (*self.config.primary_hosts, *self.config.standby_hosts):
                 plan_host(self.topology(host.name), self.planner_config, min(instances, 10**6))
             raise CapacityError(f"the fleet has room for {cap} instances; {instances} requested")
+        self.check_storage(instances)
+
+    def check_storage(self, instances: int) -> None:
+        """Refuse a scale-up whose new guests would not fit a host's storage pool (disk_reserve_mib each)."""
+        reserve = self.config.instance.disk_reserve_mib
+        present = {g.metadata.index for g in self.guests()}
+        new_guests: dict[str, int] = {}
+        for index in range(1, instances + 1):
+            if index in present:
+                continue
+            primary_host, standby_hosts = self.placement(index)
+            for host in (primary_host, *standby_hosts):
+                new_guests[host.name] = new_guests.get(host.name, 0) + 1
+        for host_name, count in sorted(new_guests.items()):
+            self.require_free_space(host_name, count * reserve, count)
+
+    def require_free_space(self, host_name: str, needed_mib: int, guests: int = 1) -> None:
+        if needed_mib <= 0:
+            return
+        lv = self.hosts[host_name]
+        free = lv.pool_free_mib()
+        if free < needed_mib:
+            raise CapacityError(
+                f"host {host_name}: storage pool {lv.pool_name} ({lv.pool_path}) has {free} MiB free; "
+                f"{guests} new guest(s) need {needed_mib} MiB ({self.config.instance.disk_reserve_mib} MiB each, "
+                "instance.disk_reserve_mib); free space there or lower the reserve"
+            )
 
     # -- observing ---------------------------------------------------------------------------
 
@@ -283,7 +348,7 @@ class Fleet:
     # -- creating ----------------------------------------------------------------------------
 
     def domain_spec(self, host: HostConfig, name: str, meta: InstanceMetadata, image: BaseImage,
-                    domain_type: str) -> DomainSpec:
+                    domain_type: str, creating: bool = False) -> DomainSpec:
         """The domain for guest `name` on `host`: its planned slot, its disks, its NIC."""
         plan, slot = self.slot(host.name, meta.index)
         return DomainSpec(
@@ -301,12 +366,14 @@ class Fleet:
                    Disk("vdb", host.pool, f"{name}-seed.iso", format="raw", readonly=True)),
             nics=(Nic(host.network, mac_for(self.config.fleet, name)),),
             console_log=f"/var/log/libvirt/qemu/{name}-console.log",
+            creating=creating,
         )
 
     def _create_guest(self, host: HostConfig, name: str, meta: InstanceMetadata, seed: GuestSeed,
                       progress: Progress) -> None:
         lv = self.hosts[host.name]
         image = self.image_on(host.name)
+        self.require_free_space(host.name, self.config.instance.disk_reserve_mib)
         progress(name, f"disk and seed on {host.name}", 0.1)
         disk = f"{name}.qcow2"
         seed_volume = f"{name}-seed.iso"
@@ -315,11 +382,11 @@ class Fleet:
             iso = Path(tmp) / "seed.iso"
             write_seed_iso(seed, f"{name}-{int(time.time())}", iso)
             lv.upload_file(seed_volume, iso)
-        spec = self.domain_spec(host, name, meta, image, self.domain_type(host.name))
+        spec = self.domain_spec(host, name, meta, image, self.domain_type(host.name), creating=True)
         progress(name, f"starting on {host.name} CPUs {','.join(map(str, spec.vcpu_pins))}", 0.2)
         lv.define_and_start(spec)
 
-    def _wait_sql(self, host: HostConfig, name: str, progress: Progress, standby: bool = False) -> Guest:
+    def wait_sql(self, host: HostConfig, name: str, progress: Progress, standby: bool = False) -> Guest:
         """Wait until PostgreSQL in the guest accepts our login (and, for a standby, is in recovery)."""
         lv = self.hosts[host.name]
         deadline = time.monotonic() + BOOT_TIMEOUT_S
@@ -327,7 +394,16 @@ class Fleet:
         last_error = "no address yet"
         while time.monotonic() < deadline:
             info = lv.guest(name)
-            if info.state != "running":
+            if info.state == "paused":
+                errors = lv.disk_errors(name)
+                if "no space left" in errors.values():
+                    raise CapacityError(
+                        f"{name} on {host.name}: its disk ran out of space while booting (storage pool "
+                        f"{lv.pool_name} at {lv.pool_path} is full); free space there or lower instance.disk_gib"
+                    )
+                if errors:
+                    raise GuestNotReady(f"{name} on {host.name} stopped on a disk error: {errors}")
+            if info.state not in ("running", "paused"):
                 raise GuestNotReady(f"{name} on {host.name} stopped while booting (state {info.state})")
             guest = self._guest(info, with_endpoint=True)
             if guest.endpoint is not None:
@@ -352,11 +428,15 @@ class Fleet:
         On any failure the instance's guests and disks are removed again, so a failed
         scale-up leaves nothing half-made (the instance held no acknowledged data yet).
         """
-        try:
-            return self._create_instance(index, progress)
-        except BaseException:
-            self.discard_instance(index)
-            raise
+        with self.exclusive(index, "creating"):
+            try:
+                instance = self._create_instance(index, progress)
+            except BaseException:
+                self.discard_instance(index)
+                raise
+            for guest in (*((instance.primary,) if instance.primary else ()), *instance.standbys):
+                self.hosts[guest.info.host].mark_complete(guest.name)
+            return instance
 
     def discard_instance(self, index: int) -> None:
         """Remove whatever exists of instance `index`: guests and their volumes."""
@@ -365,6 +445,7 @@ class Fleet:
                                                  for s in range(1, self.config.replication.standbys + 1)]
         for host in self.hosts.values():
             for name in names:
+                self._will_stop(name)
                 with contextlib.suppress(PgcarveError):
                     host.destroy(name)
                 for volume in (f"{name}.qcow2", f"{name}-seed.iso"):
@@ -372,50 +453,60 @@ class Fleet:
                         host.delete_volume(volume)
                 self.forwards.remove(name)
 
+    def primary_seed(self, name: str, standby_names: list[str]) -> GuestSeed:
+        repl = self.config.replication
+        return GuestSeed(
+            name=name, role="primary", credentials=self.credentials,
+            allowed_cidrs=tuple(self.config.allowed_cidrs),
+            synchronous_commit=repl.synchronous_commit,
+            synchronous_standby_names=self.sync_names(standby_names),
+        )
+
+    def sync_names(self, standby_names: list[str]) -> str:
+        """synchronous_standby_names for a primary whose standbys are these guests, in priority order."""
+        repl = self.config.replication
+        if not standby_names:
+            return ""
+        return synchronous_standby_names(repl.sync_mode, min(repl.sync_count, len(standby_names)), standby_names)
+
     def _create_instance(self, index: int, progress: Progress = no_progress) -> Instance:
         fleet = self.config.fleet
         name = instance_name(fleet, index)
         primary_host, standby_hosts = self.placement(index)
-        repl = self.config.replication
         standby_names = [standby_name(fleet, index, s) for s in range(1, len(standby_hosts) + 1)]
-        seed = GuestSeed(
-            name=name, role="primary", credentials=self.credentials,
-            allowed_cidrs=tuple(self.config.allowed_cidrs),
-            synchronous_commit=repl.synchronous_commit,
-            synchronous_standby_names=synchronous_standby_names(repl.sync_mode, repl.sync_count, standby_names)
-            if standby_names else "",
-        )
         meta = InstanceMetadata(fleet=fleet, cluster=name, role="primary", index=index)
-        self._create_guest(primary_host, name, meta, seed, progress)
-        primary = self._wait_sql(primary_host, name, progress)
+        self._create_guest(primary_host, name, meta, self.primary_seed(name, standby_names), progress)
+        primary = self.wait_sql(primary_host, name, progress)
         progress(name, "primary accepts SQL", 1.0 if not standby_names else 0.6)
         if not standby_names:
             return self.instance(name)
-        assert primary.address is not None
-        with self.connect(primary) as conn:
-            for sname in standby_names:
-                conn.execute(
-                    "select pg_create_physical_replication_slot(%s, true) "
-                    "where not exists (select 1 from pg_replication_slots where slot_name = %s)",
-                    (slot_name(sname), slot_name(sname)),
-                )
         with ThreadPoolExecutor(max_workers=len(standby_names)) as pool:
-            futures = []
-            for s, (sname, host) in enumerate(zip(standby_names, standby_hosts, strict=True), start=1):
-                sseed = replace(seed, name=sname, role="standby", primary_host=primary.address,
-                                synchronous_standby_names="")
-                smeta = InstanceMetadata(fleet=fleet, cluster=name, role="standby", index=index, standby=s)
-                futures.append(pool.submit(self._create_standby, host, sname, smeta, sseed, progress))
+            futures = [pool.submit(self.create_standby, primary, host, sname, s, progress)
+                       for s, (sname, host) in enumerate(zip(standby_names, standby_hosts, strict=True), start=1)]
             for future in futures:
                 future.result()
         self.wait_streaming(primary, standby_names, progress)
         progress(name, "ready", 1.0)
         return self.instance(name)
 
-    def _create_standby(self, host: HostConfig, name: str, meta: InstanceMetadata, seed: GuestSeed,
-                        progress: Progress) -> Guest:
-        self._create_guest(host, name, meta, seed, progress)
-        guest = self._wait_sql(host, name, progress, standby=True)
+    def create_standby(self, primary: Guest, host: HostConfig, name: str, number: int,
+                       progress: Progress = no_progress) -> Guest:
+        """A new standby guest `name` on `host`, cloned (pg_basebackup) from `primary` through a
+        physical slot of its own; returns once it replays in recovery."""
+        if primary.address is None:
+            raise GuestNotReady(f"{primary.name} has no address to clone a standby from")
+        with self.connect(primary) as conn:
+            conn.execute(
+                "select pg_create_physical_replication_slot(%s, true) "
+                "where not exists (select 1 from pg_replication_slots where slot_name = %s)",
+                (slot_name(name), slot_name(name)),
+            )
+        meta = primary.info.metadata
+        smeta = InstanceMetadata(fleet=meta.fleet, cluster=meta.cluster, role="standby", index=meta.index,
+                                 standby=number)
+        seed = replace(self.primary_seed(name, []), role="standby", primary_host=primary.address)
+        self._create_guest(host, name, smeta, seed, progress)
+        guest = self.wait_sql(host, name, progress, standby=True)
         progress(name, "standby replaying", 1.0)
         return guest
 
@@ -439,6 +530,7 @@ class Fleet:
 
     def remove_guest(self, info: GuestInfo) -> None:
         lv = self.hosts[info.host]
+        self._will_stop(info.name)
         lv.destroy(info.name)
         for volume in (f"{info.name}.qcow2", f"{info.name}-seed.iso"):
             lv.delete_volume(volume)
@@ -448,6 +540,32 @@ class Fleet:
         """Power off and delete a primary, its standbys and their disks (no data kept)."""
         for guest in (*instance.standbys, *((instance.primary,) if instance.primary else ())):
             self.remove_guest(guest.info)
+
+    def discard_half_made(self) -> list[str]:
+        """After a manager crash: remove instances a killed scale operation left half-made (a guest
+        still marked "creating"), and volumes of this fleet that no guest uses. Neither ever held
+        an acknowledged commit: an instance is marked complete only once it is whole."""
+        removed = []
+        guests = self.guests()
+        for index in sorted({g.metadata.index for g in guests if g.creating and g.metadata.created_by == "manager"}):
+            if self.busy(index):
+                continue
+            with self.exclusive(index, "discarding a half-made instance"):
+                names = sorted(g.name for g in guests if g.metadata.index == index)
+                self.discard_instance(index)
+                removed.append(f"half-made instance {instance_name(self.config.fleet, index)} ({', '.join(names)})")
+        guests = self.guests()
+        prefix = f"{self.config.fleet}-"
+        for host_name, lv in self.hosts.items():
+            defined = {g.name for g in guests if g.host == host_name}
+            busy = {instance_name(self.config.fleet, i) for i in list(self._busy)}
+            for volume in sorted(lv.volume_names()):
+                owner = volume.removesuffix(".qcow2").removesuffix("-seed.iso")
+                if (volume.startswith(prefix) and owner != volume and owner not in defined
+                        and not any(owner.startswith(b) for b in busy) and not lv.defined(owner)):
+                    lv.delete_volume(volume)
+                    removed.append(f"volume {volume} on {host_name} (no guest uses it)")
+        return removed
 
     def leftovers(self) -> list[str]:
         """Any pgcarve guest or volume of this fleet still on a host."""

@@ -65,6 +65,15 @@ async def _serve(listener: socket.socket, target_host: str, target_port: int) ->
             sock = sock_writer.get_extra_info("socket")
             if sock is not None:
                 sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        upstream = up_w.get_extra_info("socket")
+        if upstream is not None:
+            # A guest that dies sends no RST: notice within ~15 s and close the client's side,
+            # so a client waiting on a dead primary gets an error instead of hanging for minutes.
+            upstream.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
+            upstream.setsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPIDLE, 5)
+            upstream.setsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPINTVL, 2)
+            upstream.setsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPCNT, 3)
+            upstream.setsockopt(socket.IPPROTO_TCP, socket.TCP_USER_TIMEOUT, 15000)
         await asyncio.gather(_pipe(client_r, up_w), _pipe(up_r, client_w))
 
     server = await asyncio.start_server(handle, sock=listener)

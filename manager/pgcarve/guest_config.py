@@ -35,6 +35,32 @@ Role = Literal["primary", "standby"]
 SyncMode = Literal["FIRST", "ANY"]
 
 
+# Digits, hex letters, ':' and '.' only: ipaddress alone accepts IPv6 scope ids ("fe80::%x"),
+# which may carry spaces or newlines into pg_hba.conf or a conninfo string.
+_ADDRESS_CHARS = re.compile(r"[0-9A-Fa-f:.]+")
+_NETWORK_CHARS = re.compile(r"[0-9A-Fa-f:.]+/[0-9]{1,3}")
+
+
+def check_network(value: str) -> str:
+    """A CIDR such as 10.77.0.0/16 (normalized), or ConfigError."""
+    if not isinstance(value, str) or not _NETWORK_CHARS.fullmatch(value):
+        raise ConfigError(f"allowed network {value!r} is not a CIDR like 10.77.0.0/16")
+    try:
+        return str(ipaddress.ip_network(value, strict=False))
+    except ValueError as exc:
+        raise ConfigError(f"allowed network {value!r} is not a CIDR: {exc}") from None
+
+
+def check_address(value: str) -> str:
+    """A plain IPv4/IPv6 address, or ConfigError."""
+    if not isinstance(value, str) or not _ADDRESS_CHARS.fullmatch(value):
+        raise ConfigError(f"address {value!r} is not a plain IP address")
+    try:
+        return str(ipaddress.ip_address(value))
+    except ValueError as exc:
+        raise ConfigError(f"address {value!r} is not an IP address: {exc}") from None
+
+
 def new_secret() -> str:
     """A random alphanumeric password (safe in DSNs, conninfo strings and YAML unquoted)."""
     return secrets.token_hex(24)
@@ -85,7 +111,7 @@ class Credentials:
 
     def __post_init__(self) -> None:
         for value in (self.admin_password, self.replication_password):
-            if not SECRET_RE.match(value):
+            if not SECRET_RE.fullmatch(value):
                 raise ConfigError("credentials: passwords must be 16-128 letters or digits")
 
 
@@ -103,20 +129,17 @@ class GuestSeed:
     extra_hosts: dict[str, str] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
-        if not INSTANCE_NAME_RE.match(self.name):
+        if not INSTANCE_NAME_RE.fullmatch(self.name):
             raise ConfigError(
                 f"instance name {self.name!r} is invalid: lower-case letters, digits and '-', "
                 "starting with a letter, at most 63 characters"
             )
         for cidr in self.allowed_cidrs:
-            try:
-                ipaddress.ip_network(cidr, strict=False)
-            except ValueError as exc:
-                raise ConfigError(f"allowed network {cidr!r} is not a CIDR: {exc}") from None
+            check_network(cidr)
         if self.role == "standby":
             if self.primary_host is None:
                 raise ConfigError(f"standby {self.name} needs its primary's address")
-            ipaddress.ip_address(self.primary_host)
+            check_address(self.primary_host)
 
     def instance_json(self) -> dict[str, object]:
         creds = self.credentials

@@ -13,13 +13,14 @@ import os
 import threading
 import time
 import xml.etree.ElementTree as ET
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Literal
 
 import libvirt
 
-from pgcarve.domain_xml import METADATA_NS, DomainSpec, InstanceMetadata, format_cpuset, parse_cpuset
+from pgcarve.domain_xml import CREATING_NS, METADATA_NS, DomainSpec, InstanceMetadata, format_cpuset, parse_cpuset
 from pgcarve.errors import GuestNotReady, HostUnreachable, LibvirtFailure, NotFound
 from pgcarve.topology import HostTopology, parse_capabilities
 
@@ -50,6 +51,7 @@ class GuestInfo:
     emulator_cpus: tuple[int, ...]
     memory_mib: int
     mac: str | None
+    creating: bool = False  # still being built by a scale operation (see domain_xml.CREATING_NS)
 
 
 @dataclass(frozen=True)
@@ -293,6 +295,17 @@ class LibvirtHost:
                     found.append(info)
             return sorted(found, key=lambda g: g.name)
 
+    def defined(self, name: str) -> bool:
+        """Does any domain (pgcarve's or not) of this name exist here?"""
+        with self._translate(f"looking up {name}"):
+            try:
+                self.conn.lookupByName(name)
+                return True
+            except libvirt.libvirtError as exc:
+                if exc.get_error_code() == libvirt.VIR_ERR_NO_DOMAIN:
+                    return False
+                raise
+
     def guest(self, name: str) -> GuestInfo:
         with self._translate(f"looking up {name}"):
             info = self._guest_info(self.conn.lookupByName(name))
@@ -317,6 +330,7 @@ class LibvirtHost:
         emulator = dom.emulatorPinInfo(libvirt.VIR_DOMAIN_AFFECT_CURRENT)
         emulator_cpus = tuple(i for i, on in enumerate(emulator) if on) if emulator else ()
         mac_el = xml.find("devices/interface/mac")
+        creating = xml.find(f"metadata/{{{CREATING_NS}}}creating") is not None
         return GuestInfo(
             name=dom.name(),
             host=self.name,
@@ -326,7 +340,40 @@ class LibvirtHost:
             emulator_cpus=emulator_cpus,
             memory_mib=dom.maxMemory() // 1024,
             mac=mac_el.attrib.get("address") if mac_el is not None else None,
+            creating=creating,
         )
+
+    def _affect(self, dom: libvirt.virDomain) -> int:
+        flags = libvirt.VIR_DOMAIN_AFFECT_CONFIG
+        return flags | libvirt.VIR_DOMAIN_AFFECT_LIVE if dom.isActive() else flags
+
+    def mark_complete(self, name: str) -> None:
+        """Drop the "being created" marker: the guest's instance is whole."""
+        with self._translate(f"marking {name} complete"):
+            dom = self.conn.lookupByName(name)
+            dom.setMetadata(libvirt.VIR_DOMAIN_METADATA_ELEMENT, None, None, CREATING_NS, self._affect(dom))
+
+    def set_metadata(self, name: str, metadata: InstanceMetadata) -> None:
+        """Give a guest a new pgcarve identity (a standby promoted to primary)."""
+        with self._translate(f"updating {name}'s metadata"):
+            dom = self.conn.lookupByName(name)
+            flags = self._affect(dom)
+            dom.setMetadata(libvirt.VIR_DOMAIN_METADATA_ELEMENT, metadata.to_xml(), "pgcarve", METADATA_NS, flags)
+            dom.setMetadata(libvirt.VIR_DOMAIN_METADATA_TITLE, f"pgcarve {metadata.role} {name}", None, None, flags)
+
+    def disk_errors(self, name: str) -> dict[str, str]:
+        """Disks of a guest that QEMU stopped on an I/O error: device -> "no space" / "I/O error"."""
+        with self._translate(f"reading {name}'s disk errors"):
+            errors = self.conn.lookupByName(name).diskErrors(0) or {}
+        words = {libvirt.VIR_DOMAIN_DISK_ERROR_NO_SPACE: "no space left",
+                 libvirt.VIR_DOMAIN_DISK_ERROR_UNSPEC: "I/O error"}
+        return {dev: words[code] for dev, code in errors.items() if code in words}
+
+    def pool_free_mib(self) -> int:
+        """Free space in pgcarve's storage pool, as the pool's filesystem reports it now."""
+        with self._storage_lock, self._translate(f"reading free space of pool {self.pool_name}"):
+            pool = self.ensure_pool(refresh=True)
+            return int(pool.info()[3] // (1024 * 1024))
 
     def guest_address(self, name: str, network: str) -> str | None:
         """The guest's IPv4 address from the libvirt network's DHCP leases, if it has one yet."""
@@ -346,9 +393,9 @@ class LibvirtHost:
                 leases = self.conn.networkLookupByName(network).DHCPLeases(mac, 0) if mac else []
             except libvirt.libvirtError:
                 leases = []
-            for lease in leases:
-                if lease.get("type") == libvirt.VIR_IP_ADDR_TYPE_IPV4:
-                    return str(lease["ipaddr"])
+            ipv4 = [lease for lease in leases if lease.get("type") == libvirt.VIR_IP_ADDR_TYPE_IPV4]
+            if ipv4:  # the newest lease: a re-created guest may still have an older one
+                return str(max(ipv4, key=lambda lease: lease.get("expirytime", 0))["ipaddr"])
             return None
 
     # -- networks (sandbox and tests) -------------------------------------------------------
@@ -432,3 +479,128 @@ def cpuset_text(pins: tuple[tuple[int, ...], ...]) -> str:
 
 
 __all__ = ["BaseImage", "GuestInfo", "GuestNotReady", "LibvirtHost", "cpuset_text", "parse_cpuset"]
+
+
+# -- lifecycle events -----------------------------------------------------------------------------
+
+_event_loop_lock = threading.Lock()
+_event_loop_started = False
+
+
+def start_event_loop() -> None:
+    """Run libvirt's default event loop on a daemon thread (once per process).
+
+    Needed for lifecycle events and for noticing a lost connection (keepalive). Connections
+    opened before this call get neither, so a long-running manager calls it first.
+    """
+    global _event_loop_started
+    with _event_loop_lock:
+        if _event_loop_started:
+            return
+        libvirt.virEventRegisterDefaultImpl()
+
+        def run() -> None:
+            while True:
+                libvirt.virEventRunDefaultImpl()
+
+        threading.Thread(target=run, name="libvirt-events", daemon=True).start()
+        _event_loop_started = True
+
+
+@dataclass(frozen=True)
+class GuestEvent:
+    """A guest stopped or paused without being asked to, as libvirt reported it."""
+
+    host: str
+    name: str
+    kind: Literal["stopped", "paused"]
+    cause: str  # libvirt's reason in words
+    at: float  # time.time() when the event arrived
+
+
+_STOP_CAUSES = {
+    libvirt.VIR_DOMAIN_EVENT_STOPPED_SHUTDOWN: "the guest powered off",
+    libvirt.VIR_DOMAIN_EVENT_STOPPED_DESTROYED: "it was destroyed (forced off)",
+    libvirt.VIR_DOMAIN_EVENT_STOPPED_CRASHED: "the guest crashed",
+    libvirt.VIR_DOMAIN_EVENT_STOPPED_FAILED: "its QEMU process died",
+}
+_PAUSE_CAUSES = {
+    libvirt.VIR_DOMAIN_EVENT_SUSPENDED_IOERROR: "QEMU paused it on a disk I/O error (disk full?)",
+    libvirt.VIR_DOMAIN_EVENT_SUSPENDED_WATCHDOG: "QEMU paused it: its watchdog fired",
+}
+
+
+class LifecycleWatch:
+    """Follows one host's domain lifecycle events on a connection of its own, reconnecting when
+    libvirtd goes away (e.g. restarted). `on_event` gets GuestEvents; `on_connect` is called after
+    each (re)connection, when events may have been missed."""
+
+    def __init__(self, name: str, uri: str, on_event: Callable[[GuestEvent], None],
+                 on_connect: Callable[[str, bool], None], retry_s: float = 1.0):
+        self.name = name
+        self.uri = uri
+        self.on_event = on_event
+        self.on_connect = on_connect
+        self.retry_s = retry_s
+        self.connected = threading.Event()
+        self._stop = threading.Event()
+        self._closed = threading.Event()
+        self._thread = threading.Thread(target=self._run, name=f"lifecycle-{name}", daemon=True)
+
+    def start(self) -> None:
+        start_event_loop()
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._closed.set()
+
+    def _callback(self, _conn: libvirt.virConnect, dom: libvirt.virDomain, event: int, detail: int,
+                  _opaque: object) -> None:
+        # Runs on the event loop thread: translate and hand over, nothing slow.
+        at = time.time()
+        if event == libvirt.VIR_DOMAIN_EVENT_STOPPED and detail in _STOP_CAUSES:
+            self.on_event(GuestEvent(self.name, dom.name(), "stopped", _STOP_CAUSES[detail], at))
+        elif event == libvirt.VIR_DOMAIN_EVENT_SUSPENDED and detail in _PAUSE_CAUSES:
+            self.on_event(GuestEvent(self.name, dom.name(), "paused", _PAUSE_CAUSES[detail], at))
+        elif event == libvirt.VIR_DOMAIN_EVENT_CRASHED:
+            self.on_event(GuestEvent(self.name, dom.name(), "stopped", "the guest crashed", at))
+
+    def _run(self) -> None:
+        reconnect = False
+        while not self._stop.is_set():
+            try:
+                conn = libvirt.open(self.uri)
+            except libvirt.libvirtError:
+                self._stop.wait(self.retry_s)
+                continue
+            self._closed.clear()
+            # Not every driver has these (test:/// has neither); the isAlive() poll below covers it.
+            with contextlib.suppress(libvirt.libvirtError):
+                conn.registerCloseCallback(lambda _c, _r, _o: self._closed.set(), None)
+            with contextlib.suppress(libvirt.libvirtError):
+                conn.setKeepAlive(2, 3)
+            try:
+                callback_id = conn.domainEventRegisterAny(None, libvirt.VIR_DOMAIN_EVENT_ID_LIFECYCLE,
+                                                          self._callback, None)
+            except libvirt.libvirtError:
+                with contextlib.suppress(libvirt.libvirtError):
+                    conn.close()
+                self._stop.wait(self.retry_s)
+                continue
+            self.connected.set()
+            self.on_connect(self.name, reconnect)
+            while not self._closed.wait(0.5):
+                try:
+                    if conn.isAlive() != 1:
+                        break
+                except libvirt.libvirtError:
+                    break
+            self.connected.clear()
+            with contextlib.suppress(libvirt.libvirtError):
+                conn.domainEventDeregisterAny(callback_id)
+            with contextlib.suppress(libvirt.libvirtError):
+                conn.unregisterCloseCallback()
+            with contextlib.suppress(libvirt.libvirtError):
+                conn.close()
+            reconnect = True

@@ -156,7 +156,8 @@ class Sandbox:
         return FleetConfig(
             fleet="pgc",
             domain_type="auto",
-            instance=size or InstanceSize(vcpus=1, memory_mib=768, housekeeping_cpus=None, hugepages=False, disk_gib=8),
+            instance=size or InstanceSize(vcpus=1, memory_mib=768, housekeeping_cpus=None, hugepages=False, disk_gib=8,
+                                          disk_reserve_mib=1024),
             replication=Replication(standbys=standbys, sync_mode="FIRST", sync_count=1,
                                     synchronous_commit="remote_write"),
             allowed_cidrs=["10.77.0.0/16", "10.76.0.0/24"],
@@ -237,6 +238,51 @@ class Sandbox:
         )
         for name in ("network.conf",):
             (etc / name).write_text("")
+
+    # -- fault injection and inspection (tests, operators reproducing a fault) --------------
+
+    def run_in_host(self, index: int, args: list[str], check: bool = True) -> subprocess.CompletedProcess[str]:
+        """Run a command inside sandbox host `index`'s network and mount namespaces."""
+        host = self.host(index)
+        anchor = self._daemon_pid(host, "virtlogd")  # lives as long as the host's namespaces
+        if anchor is None:
+            raise SandboxError(f"sandbox host {host.name} is not running (no virtlogd)")
+        return _run(["nsenter", "-t", str(anchor), "-m", "-n", "--", *args], check=check)
+
+    def qemu_pid(self, index: int, guest: str) -> int:
+        """The PID of a guest's QEMU process (libvirt's pid file in the host's private /run)."""
+        host = self.host(index)
+        anchor = self._daemon_pid(host, "virtlogd")
+        if anchor is None:
+            raise SandboxError(f"sandbox host {host.name} is not running (no virtlogd)")
+        pid_file = Path(f"/proc/{anchor}/root/run/libvirt/qemu/{guest}.pid")
+        try:
+            return int(pid_file.read_text().strip())
+        except (FileNotFoundError, ValueError):
+            raise SandboxError(f"{guest} is not running on sandbox host {host.name} ({pid_file})") from None
+
+    def restart_libvirtd(self, index: int) -> None:
+        """Stop host `index`'s libvirtd (by PID) and start it again; guests keep running."""
+        host = self.host(index)
+        pid = self._daemon_pid(host, "libvirtd")
+        if pid is not None:
+            stop_pid(pid)
+        pid_file = host.directory / "pids" / "libvirtd.pid"
+        pid_file.unlink(missing_ok=True)
+        self.run_in_host(index, ["libvirtd", "-d", "-p", str(pid_file), "-f", "/etc/libvirt/libvirtd.conf"])
+        lv = LibvirtHost(host.name, host.uri)
+        deadline = time.monotonic() + 30
+        try:
+            while True:
+                try:
+                    lv.ping()
+                    return
+                except Exception as exc:
+                    if time.monotonic() > deadline:
+                        raise SandboxError(f"libvirtd for {host.name} did not come back in 30 s: {exc}") from None
+                    time.sleep(0.2)
+        finally:
+            lv.close()
 
     # -- down --------------------------------------------------------------------------------
 

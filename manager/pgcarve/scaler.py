@@ -88,6 +88,10 @@ class Scaler:
         until the synchronous standbys have replayed the primary's last WAL position. The
         instance's data goes with it: scale-down removes whole instances.
         """
+        with self.fleet.exclusive(instance.index, "removing"):
+            self._retire(instance, progress, timeout_s)
+
+    def _retire(self, instance: Instance, progress: Progress, timeout_s: float) -> None:
         primary = instance.primary
         if primary is not None and primary.info.state == "running" and instance.standbys:
             progress(instance.name, "refusing new writes", 0.2)

@@ -20,10 +20,12 @@ from pgcarve.config import FleetConfig, Paths
 from pgcarve.errors import CapacityError, ConfigError, NotFound, PgcarveError
 from pgcarve.fleet import Fleet, Instance
 from pgcarve.guest_config import ADMIN_USER, application_name
+from pgcarve.libvirt_host import start_event_loop
 from pgcarve.operations import Operation, OperationQueue
 from pgcarve.planner import explain, plan_host, plan_to_dict
 from pgcarve.rates import RateTracker, Snapshot
 from pgcarve.scaler import Scaler
+from pgcarve.supervisor import Incident, Supervisor
 
 log = logging.getLogger("pgcarve.service")
 
@@ -39,7 +41,7 @@ class FleetView:
 
 class ManagerService:
     def __init__(self, config: FleetConfig, paths: Paths, refresh_s: float = 2.0, collect: bool = True,
-                 collect_interval_s: float = 1.0):
+                 collect_interval_s: float = 1.0, supervise: bool = True):
         self.config = config
         self.paths = paths
         self.fleet = Fleet(config, paths)
@@ -55,18 +57,30 @@ class ManagerService:
         self._stop = threading.Event()
         self._refresher = threading.Thread(target=self._refresh_loop, name="pgcarve-refresh", daemon=True)
         self._scale_lock = threading.Lock()
+        self.supervisor = Supervisor(self.fleet, on_change=self._refresh_wanted.set) if supervise else None
 
     # -- lifecycle ---------------------------------------------------------------------------
 
     def start(self) -> None:
+        if self.supervisor is not None:
+            start_event_loop()  # before any connection, so every connection notices a restarted libvirtd
+        try:
+            for what in self.fleet.discard_half_made():
+                log.warning("removed %s, left by a manager that stopped in the middle of an operation", what)
+        except PgcarveError as exc:
+            log.error("could not check for half-made instances: %s", exc)
         self.refresh()
         resumed = self.operations.start()
         for op in resumed:
             log.warning("resuming operation %s (scale to %d) left unfinished by a previous manager", op.id, op.target)
         self._refresher.start()
+        if self.supervisor is not None:
+            self.supervisor.start()
 
     def stop(self) -> None:
         self._stop.set()
+        if self.supervisor is not None:
+            self.supervisor.stop()
         self._refresh_wanted.set()
         self.operations.stop()
         self.fleet.close()
@@ -131,6 +145,7 @@ class ManagerService:
                 "name": host.name, "uri": host.uri, "role": host.role, "cpus": topo.cpu_count,
                 "numa_nodes": len(topo.nodes), "memory_mib": topo.memory_mib,
                 "free_cpus": topo.cpu_count - len(used), "instances": len(guests_by_host[host.name]),
+                "watching_events": self.supervisor.watching(host.name) if self.supervisor else None,
             })
         return result
 
@@ -159,15 +174,40 @@ class ManagerService:
                 "sync_state": row.sync_state if row else None,
                 "replay_lag_bytes": row.lag_bytes if row else None,
             })
+        incidents = self.supervisor.open_incidents(inst.name) if self.supervisor else []
         return {
             "name": inst.name,
             "host": primary.info.host if primary else None,
+            "writes": self._writes(inst, rows),
+            "incident": incidents[-1].what + ": " + (incidents[-1].message or incidents[-1].status)
+            if incidents else None,
             "state": primary.info.state if primary else "missing",
             "vcpus": list(primary.host_cpus) if primary else [],
             "memory_mib": primary.info.memory_mib if primary else 0,
             "dsn": self.fleet.dsn(primary.endpoint) if primary and primary.endpoint else None,
             "standbys": standbys,
         }
+
+    def _writes(self, inst: Instance, rows: dict[str, StandbyState]) -> str:
+        """Can the primary commit now? In words, for an operator."""
+        primary = inst.primary
+        if primary is None or primary.info.state != "running":
+            return "unavailable: the primary is not running"
+        if self.config.replication.standbys == 0 or self.config.replication.synchronous_commit in ("off", "local"):
+            return "accepted"
+        if self.collector is None:
+            return "unknown"
+        error = self.collector.last_errors().get(inst.name)
+        if error:
+            return f"unknown: {error}"
+        synced = [r for r in rows.values() if r.sync_state in ("sync", "quorum") and r.state == "streaming"]
+        if len(synced) >= self.config.replication.sync_count:
+            return "accepted"
+        return (f"waiting: {len(synced)} of {self.config.replication.sync_count} synchronous standbys connected; "
+                "commits wait until one is back (RPO 0)")
+
+    def incidents(self) -> list[Incident]:
+        return self.supervisor.incidents() if self.supervisor else []
 
     def plan(self, instances: int) -> list[dict[str, Any]]:
         if instances < 0:

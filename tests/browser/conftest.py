@@ -135,7 +135,7 @@ def live_api(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[LiveAp
     # Keep one connection open for the whole test: test:///default's state is shared by every
     # connection of this process and is reset when the last one closes.
     conn = libvirt.open(TEST_URI)
-    service = ManagerService(config, Paths(state_dir), collect=False, refresh_s=0.2)
+    service = ManagerService(config, Paths(state_dir), collect=False, refresh_s=0.2, supervise=False)
     names: list[str] = []
     server: uvicorn.Server | None = None
     thread: threading.Thread | None = None

@@ -29,6 +29,31 @@ IT_STATE = Path(os.environ.get("PGCARVE_IT_STATE", "/var/tmp/pgcarve-it"))
 TOKEN = "integration-test-token-" + "x" * 16
 
 
+def start_server(port: int, hosts_file: Path | None = None) -> subprocess.Popen[bytes]:
+    """`pgcarve serve` as a subprocess of its own session, logging to server.log; returns once
+    /healthz answers."""
+    env_vars = dict(os.environ, PGCARVE_STATE_DIR=str(IT_STATE), PGCARVE_IMAGE_DIR=str(image_dir()),
+                    PGCARVE_TOKEN=TOKEN)
+    if hosts_file is not None:
+        env_vars["PGCARVE_HOSTS_FILE"] = str(hosts_file)
+    with (IT_STATE / "server.log").open("ab") as log:
+        server = subprocess.Popen([sys.executable, "-m", "pgcarve.cli", "serve", "--port", str(port)],
+                                  env=env_vars, stdout=log, stderr=log, start_new_session=True)
+    deadline = time.monotonic() + 60
+    while True:
+        try:
+            if httpx.get(f"http://127.0.0.1:{port}/healthz", timeout=2).status_code == 200:
+                return server
+        except httpx.HTTPError:
+            pass
+        if server.poll() is not None:
+            raise AssertionError(f"API server exited: see {IT_STATE / 'server.log'}")
+        if time.monotonic() > deadline:
+            stop_pid(server.pid, timeout_s=20)
+            raise AssertionError("API server did not start in 60 s")
+        time.sleep(0.2)
+
+
 @dataclass
 class CarveEnv:
     paths: Paths
@@ -40,6 +65,20 @@ class CarveEnv:
     def client(self, token: str | None = TOKEN) -> httpx.Client:
         headers = {"Authorization": f"Bearer {token}"} if token else {}
         return httpx.Client(base_url=self.url, headers=headers, timeout=30)
+
+    @property
+    def port(self) -> int:
+        return int(self.url.rsplit(":", 1)[1])
+
+    def restart_server(self, kill: bool = False, hosts_file: Path | None = None) -> None:
+        """Stop the API server (SIGKILL if `kill`, else SIGTERM and wait) and start it again."""
+        if self.server.poll() is None:
+            if kill:
+                os.kill(self.server.pid, 9)
+                self.server.wait(timeout=30)
+            else:
+                stop_pid(self.server.pid, timeout_s=30)
+        self.server = start_server(self.port, hosts_file)
 
     def teardown(self) -> list[str]:
         """Stop the server, remove every guest, stop the sandbox; what is left (should be [])."""
@@ -86,27 +125,18 @@ def carve_env() -> Iterator[CarveEnv]:
         (IT_STATE / stale).unlink(missing_ok=True)
     config = sandbox.up(3)
     port = free_port()
-    env_vars = dict(os.environ, PGCARVE_STATE_DIR=str(IT_STATE), PGCARVE_IMAGE_DIR=str(image_dir()),
-                    PGCARVE_TOKEN=TOKEN)
-    log = (IT_STATE / "server.log").open("ab")
-    server = subprocess.Popen([sys.executable, "-m", "pgcarve.cli", "serve", "--port", str(port)],
-                              env=env_vars, stdout=log, stderr=log, start_new_session=True)
+    try:
+        server = start_server(port)
+    except BaseException:
+        sandbox.down()
+        raise
     env = CarveEnv(paths=paths, config=config, sandbox=sandbox, url=f"http://127.0.0.1:{port}", server=server)
     try:
-        deadline = time.monotonic() + 60
-        while True:
-            try:
-                if httpx.get(f"{env.url}/healthz", timeout=2).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            assert server.poll() is None, f"API server exited: see {IT_STATE / 'server.log'}"
-            assert time.monotonic() < deadline, "API server did not start in 60 s"
-            time.sleep(0.2)
         yield env
     finally:
         left = env.teardown()
-        log.close()
-        if left:
-            print("integration teardown left:", json.dumps(left), file=sys.stderr)
         shutil.rmtree(IT_STATE / "sandbox", ignore_errors=True)
+    # Fails the session (an error in teardown) if any guest, daemon or namespace survived.
+    assert left == [], f"integration teardown left: {json.dumps(left)}"
+    out = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True, check=True).stdout
+    assert sandbox.tag not in out, f"a namespace of sandbox {sandbox.tag} survived: {out}"

@@ -212,7 +212,7 @@ def test_terraform_apply_per_host(world: World) -> None:
     assert guest.info.mac == planned["mac"]
 
     # -- the manager's service (what the REST API serves) lists it --------------------------
-    service = ManagerService(fleet.config, world.paths, collect=False)
+    service = ManagerService(fleet.config, world.paths, collect=False, supervise=False)
     try:
         service.refresh()
         docs = service.instance_docs()

@@ -48,7 +48,7 @@ def api(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[tuple[TestC
         dom.undefine()
     for index in (1, 2, 3):
         define(keep_alive, index)
-    service = ManagerService(config, Paths(tmp_path), refresh_s=0.2, collect=False)
+    service = ManagerService(config, Paths(tmp_path), refresh_s=0.2, collect=False, supervise=False)
     service.start()
     app = create_app(Settings(state_dir=tmp_path, token=TOKEN), service=service)
     with TestClient(app) as client:

@@ -20,7 +20,7 @@ TOKEN = "fuzz-token-0123456789abcdef"
 def build_app(state: Path) -> object:
     config = FleetConfig(hosts=[HostConfig(name="h1", uri="test:///default", role="primary")],
                          replication=Replication(standbys=0))
-    service = ManagerService(config, Paths(state), refresh_s=0.5, collect=False)
+    service = ManagerService(config, Paths(state), refresh_s=0.5, collect=False, supervise=False)
     service.start()
     return create_app(Settings(state_dir=state, token=TOKEN), service=service)
 

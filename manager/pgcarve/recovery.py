@@ -1,0 +1,236 @@
+"""Putting an instance back together after a fault: PostgreSQL and replication control.
+
+The supervisor (supervisor.py) decides *when*; this module knows *how*: start a stopped guest
+again from its disk, rebuild a standby that cannot come back, or fail over to the most advanced
+standby. Every action keeps RPO 0 in synchronous mode: a commit was acknowledged only after a
+synchronous standby had it, and failover promotes the standby that has received the most WAL.
+"""
+
+from __future__ import annotations
+
+import logging
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import replace
+
+import psycopg
+from psycopg import sql
+
+from pgcarve.config import HostConfig
+from pgcarve.errors import GuestNotReady, PgcarveError
+from pgcarve.fleet import Fleet, Guest, Instance, Progress, instance_name, no_progress, standby_name
+from pgcarve.guest_config import REPLICATION_USER, application_name, slot_name
+
+log = logging.getLogger("pgcarve.recovery")
+
+
+def lsn_value(lsn: str | None) -> int:
+    """'16/B374D848' -> a comparable integer (None -> -1)."""
+    if not lsn:
+        return -1
+    high, low = lsn.split("/")
+    return (int(high, 16) << 32) + int(low, 16)
+
+
+class Recovery:
+    def __init__(self, fleet: Fleet):
+        self.fleet = fleet
+
+    def current(self, index: int) -> Instance | None:
+        return next((i for i in self.fleet.observe() if i.index == index), None)
+
+    # -- single guests -------------------------------------------------------------------------
+
+    def restart(self, guest: Guest, progress: Progress = no_progress) -> Guest:
+        """Start a stopped guest again from its own disk and wait until PostgreSQL answers in its
+        role (a standby reconnects to its primary by itself: its slot kept the WAL it needs)."""
+        host = self.fleet.config.host(guest.info.host)
+        progress(guest.name, f"starting again from its disk on {host.name}", 0.2)
+        self.fleet.hosts[host.name].start(guest.name)
+        return self.fleet.wait_sql(host, guest.name, progress, standby=guest.info.metadata.role == "standby")
+
+    def rebuild_standby(self, primary: Guest, host: HostConfig, name: str, number: int,
+                        progress: Progress = no_progress) -> Guest:
+        """Remove whatever is left of standby `name` and clone it again from the primary."""
+        lv = self.fleet.hosts[host.name]
+        if lv.defined(name):
+            self.fleet.remove_guest(lv.guest(name))
+        progress(name, f"rebuilding from {primary.name}", 0.1)
+        return self.fleet.create_standby(primary, host, name, number, progress)
+
+    def missing_standbys(self, inst: Instance) -> list[tuple[HostConfig, str, int]]:
+        """(host, name, number) for each standby the instance should have but has no guest for.
+
+        Names and hosts come from the instance's original placement; after a failover the names
+        have moved between roles, so a missing standby takes whichever name and host is free.
+        """
+        wanted = self.fleet.config.replication.standbys
+        members = [*((inst.primary,) if inst.primary else ()), *inst.standbys]
+        numbers = {g.info.metadata.standby for g in inst.standbys}
+        primary_host, standby_hosts = self.fleet.placement(inst.index)
+        fleet_name = self.fleet.config.fleet
+        slots = [(primary_host, instance_name(fleet_name, inst.index))] + [
+            (h, standby_name(fleet_name, inst.index, s)) for s, h in enumerate(standby_hosts, start=1)]
+        free = [(h, n) for h, n in slots
+                if n not in {g.name for g in members} and h.name not in {g.info.host for g in members}]
+        missing = []
+        for number in range(1, wanted + 1):
+            if number not in numbers and free:
+                host, name = free.pop(0)
+                missing.append((host, name, number))
+        return missing
+
+    # -- failover ------------------------------------------------------------------------------
+
+    def failover(self, inst: Instance, progress: Progress = no_progress) -> Guest:
+        """Promote the standby with the most WAL, fence the old primary for good, point the other
+        standbys at the new primary and build a new standby where the old primary was."""
+        candidates = [g for g in inst.standbys if g.info.state == "running" and g.endpoint is not None]
+        if not candidates:
+            raise GuestNotReady(f"{inst.name}: no running standby to promote")
+        positions: dict[str, int] = {}
+        for guest in candidates:
+            try:
+                with self.fleet.connect(guest, timeout_s=5) as conn:
+                    row = conn.execute(
+                        "select pg_is_in_recovery(), "
+                        "greatest(pg_last_wal_receive_lsn(), pg_last_wal_replay_lsn())::text"
+                    ).fetchone()
+            except psycopg.Error as exc:
+                log.warning("%s: standby %s not reachable for failover: %s", inst.name, guest.name, exc)
+                continue
+            if row and row[0]:
+                positions[guest.name] = lsn_value(row[1])
+        if not positions:
+            raise GuestNotReady(f"{inst.name}: none of its standbys answers; cannot fail over")
+        best = max(candidates, key=lambda g: positions.get(g.name, -2))
+        others = [g for g in inst.standbys if g.name != best.name]
+        log.warning("%s: failing over to %s on %s (received WAL up to position %d)",
+                    inst.name, best.name, best.info.host, positions[best.name])
+
+        # Fence first: the old primary must never run again as a second primary.
+        old = inst.primary
+        if old is not None:
+            progress(old.name, "fencing the old primary (removing its guest)", 0.1)
+            self.fleet.remove_guest(old.info)
+
+        progress(best.name, "promoting", 0.3)
+        with self.fleet.connect(best, timeout_s=10) as conn:
+            promoted = conn.execute("select pg_promote(true, 300)").fetchone()
+            if not promoted or not promoted[0]:
+                raise GuestNotReady(f"{inst.name}: {best.name} did not finish promotion in 300 s")
+        meta = best.info.metadata
+        self.fleet.hosts[best.info.host].set_metadata(best.name, replace(meta, role="primary", standby=0))
+        new_primary = self.fleet.wait_sql(self.fleet.config.host(best.info.host), best.name, progress)
+
+        # The replacement takes the old primary's name, host and CPUs, and the promoted
+        # standby's place in the sync order.
+        replacement: tuple[HostConfig, str, int] | None = None
+        if old is not None:
+            replacement = (self.fleet.config.host(old.info.host), old.name, meta.standby)
+        order = sorted([(g.info.metadata.standby, g.name) for g in others]
+                       + ([(replacement[2], replacement[1])] if replacement else []))
+        sync_names = self.fleet.sync_names([n for _, n in order])
+        with self.fleet.connect(new_primary) as conn:
+            for guest in others:
+                conn.execute(
+                    "select pg_create_physical_replication_slot(%s, true) "
+                    "where not exists (select 1 from pg_replication_slots where slot_name = %s)",
+                    (slot_name(guest.name), slot_name(guest.name)),
+                )
+            conn.execute(sql.SQL("alter system set synchronous_standby_names = {}").format(sql.Literal(sync_names)))
+            conn.execute("select pg_reload_conf()")
+        for guest in others:
+            if guest.info.state == "running" and guest.endpoint is not None:
+                self.follow(guest, new_primary)
+        if replacement is not None:
+            host, name, number = replacement
+            progress(name, f"building a new standby on {host.name}", 0.5)
+            self.fleet.create_standby(new_primary, host, name, number, progress)
+        return new_primary
+
+    def follow(self, standby: Guest, primary: Guest) -> None:
+        """Point a running standby at a new primary (PostgreSQL 13+ applies this on reload)."""
+        assert primary.address is not None
+        conninfo = (f"host={primary.address} port=5432 user={REPLICATION_USER} "
+                    f"application_name={application_name(standby.name)} "
+                    f"password={self.fleet.credentials.replication_password}")
+        with self.fleet.connect(standby, timeout_s=10) as conn:
+            conn.execute(sql.SQL("alter system set primary_conninfo = {}").format(sql.Literal(conninfo)))
+            conn.execute(sql.SQL("alter system set primary_slot_name = {}").format(
+                sql.Literal(slot_name(standby.name))))
+            conn.execute("select pg_reload_conf()")
+
+    # -- whole instance ------------------------------------------------------------------------
+
+    def repair(self, index: int, policy: str, progress: Progress = no_progress) -> list[tuple[str, str]]:
+        """Bring instance `index` back to a running primary with all its standbys streaming.
+        Returns what was done as (guest name, words). Call with the instance held (fleet.exclusive)."""
+        done: list[tuple[str, str]] = []
+        inst = self.current(index)
+        if inst is None:
+            return done
+        primary = inst.primary
+        old_name = primary.name if primary else inst.name
+        if primary is None or primary.info.state not in ("running", "paused"):
+            running_standbys = [g for g in inst.standbys if g.info.state == "running"]
+            if policy == "failover" and running_standbys:
+                new = self.failover(inst, progress)
+                done.append((old_name, f"failed over from {old_name} to {new.name} on {new.info.host}; "
+                                       f"{old_name} rebuilt as a standby"))
+            elif primary is None:
+                if not running_standbys:
+                    raise GuestNotReady(f"{inst.name}: no primary and no running standby; nothing to recover from")
+                new = self.failover(inst, progress)
+                done.append((old_name, f"primary guest missing: failed over to {new.name} on {new.info.host}"))
+            else:
+                try:
+                    self.restart(primary, progress)
+                    done.append((old_name, f"restarted {primary.name} from its disk on {primary.info.host}"))
+                except PgcarveError as exc:
+                    if not running_standbys:
+                        raise
+                    log.error("%s: restarting %s failed (%s); failing over instead", inst.name, primary.name, exc)
+                    new = self.failover(self.current(index) or inst, progress)
+                    done.append((old_name, f"could not restart {primary.name} ({exc}); failed over to {new.name}"))
+            inst = self.current(index)
+            if inst is None or inst.primary is None:
+                raise GuestNotReady(f"instance {index} has no primary after recovery")
+        primary = inst.primary
+        assert primary is not None
+        if primary.endpoint is None:
+            primary = self.fleet.wait_sql(self.fleet.config.host(primary.info.host), primary.name, progress)
+
+        def bring_back(guest: Guest) -> tuple[str, str]:
+            try:
+                self.restart(guest, progress)
+                return guest.name, f"restarted standby {guest.name} from its disk on {guest.info.host}"
+            except PgcarveError as exc:
+                log.error("%s: standby %s did not come back (%s); rebuilding it", inst.name, guest.name, exc)
+                host = self.fleet.config.host(guest.info.host)
+                self.rebuild_standby(primary, host, guest.name, guest.info.metadata.standby, progress)
+                return guest.name, f"rebuilt standby {guest.name} on {guest.info.host} (restart failed: {exc})"
+
+        def rebuild(host: HostConfig, name: str, number: int) -> tuple[str, str]:
+            self.rebuild_standby(primary, host, name, number, progress)
+            return name, f"rebuilt missing standby {name} on {host.name}"
+
+        stopped = [g for g in inst.standbys if g.info.state not in ("running", "paused")]
+        missing = self.missing_standbys(inst)
+        if stopped or missing:
+            with ThreadPoolExecutor(max_workers=len(stopped) + len(missing)) as pool:
+                futures = [pool.submit(bring_back, g) for g in stopped]
+                futures += [pool.submit(rebuild, *m) for m in missing]
+                errors = []
+                for future in futures:
+                    try:
+                        done.append(future.result())
+                    except PgcarveError as exc:
+                        errors.append(str(exc))
+                if errors:
+                    raise GuestNotReady("; ".join(errors))
+        final = self.current(index)
+        if final is not None and final.primary is not None and final.standbys and (stopped or missing or done):
+            primary_now = final.primary
+            if primary_now.endpoint is not None:
+                self.fleet.wait_streaming(primary_now, [g.name for g in final.standbys], progress)
+        return done

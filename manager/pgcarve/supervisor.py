@@ -1,0 +1,270 @@
+"""The HA loop: notice faults from libvirt's lifecycle events and repair the instance.
+
+One LifecycleWatch per host reports guests that stopped or paused without the manager asking.
+Each report becomes an Incident an operator can read (`GET /v1/incidents`); the instance is then
+repaired by recovery.py under the instance's lock, so a repair never races a scale operation.
+A periodic sweep catches what events cannot: faults while the manager or libvirtd was down,
+standbys whose guest is gone entirely, a repair that failed and should be tried again.
+
+Guests still being built by a scale operation (marked "creating") and guests this manager is
+removing are not faults; the operation handles them.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import queue
+import threading
+import time
+from collections import deque
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+
+from pgcarve.errors import NotFound, PgcarveError
+from pgcarve.fleet import Fleet, Instance
+from pgcarve.libvirt_host import GuestEvent, LifecycleWatch
+from pgcarve.recovery import Recovery
+
+log = logging.getLogger("pgcarve.supervisor")
+
+
+@dataclass
+class Incident:
+    id: int
+    instance: str
+    guest: str
+    host: str
+    role: str
+    what: str  # e.g. "primary stopped"
+    cause: str  # libvirt's reason, in words
+    detected_at: float
+    source: str  # "event" (libvirt lifecycle event) or "sweep" (found by the periodic check)
+    status: str = "recovering"  # recovering, recovered, failed, reported
+    action: str = ""
+    message: str = ""
+    finished_at: float | None = None
+    attempts: int = 0
+
+    def public(self) -> dict[str, object]:
+        return asdict(self)
+
+
+@dataclass
+class _Pending:
+    incidents: list[Incident] = field(default_factory=list)
+
+
+class Supervisor:
+    def __init__(self, fleet: Fleet, on_change: Callable[[], None] = lambda: None, sweep_s: float = 15.0,
+                 retry_s: float = 30.0):
+        self.fleet = fleet
+        self.recovery = Recovery(fleet)
+        self.on_change = on_change
+        self.sweep_s = sweep_s
+        self.retry_s = retry_s
+        self.counts: dict[str, int] = {}
+        self._ids = itertools.count(1)
+        self._incidents: deque[Incident] = deque(maxlen=500)
+        self._lock = threading.Lock()
+        self._events: queue.Queue[GuestEvent | None] = queue.Queue()
+        self._pending: dict[int, _Pending] = {}  # instance index -> incidents awaiting repair
+        self._running: set[int] = set()
+        self._last_attempt: dict[int, float] = {}
+        self._stop = threading.Event()
+        self._sweep_now = threading.Event()
+        self._watches = [LifecycleWatch(h.name, h.uri, self._events.put, self._connected)
+                         for h in fleet.config.hosts]
+        self._thread = threading.Thread(target=self._loop, name="pgcarve-supervisor", daemon=True)
+
+    # -- lifecycle ---------------------------------------------------------------------------
+
+    def start(self) -> None:
+        for watch in self._watches:
+            watch.start()
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._events.put(None)
+        for watch in self._watches:
+            watch.stop()
+
+    def wait_connected(self, timeout_s: float) -> bool:
+        deadline = time.monotonic() + timeout_s
+        return all(w.connected.wait(max(0.0, deadline - time.monotonic())) for w in self._watches)
+
+    def watching(self, host: str) -> bool:
+        return any(w.name == host and w.connected.is_set() for w in self._watches)
+
+    @property
+    def policy(self) -> str:
+        return self.fleet.config.recovery.primary
+
+    # -- reads -------------------------------------------------------------------------------
+
+    def incidents(self) -> list[Incident]:
+        with self._lock:
+            return list(self._incidents)
+
+    def open_incidents(self, instance: str) -> list[Incident]:
+        return [i for i in self.incidents() if i.instance == instance and i.status in ("recovering", "failed")]
+
+    # -- noticing ------------------------------------------------------------------------------
+
+    def _connected(self, host: str, reconnect: bool) -> None:
+        if reconnect:
+            log.warning("host %s: lifecycle events reconnected to libvirt; checking every guest for faults "
+                        "missed while disconnected", host)
+        self._sweep_now.set()
+        self._events.put(None)
+
+    def _loop(self) -> None:
+        next_sweep = time.monotonic()  # sweep at once: faults while no manager was running
+        while not self._stop.is_set():
+            try:
+                event = self._events.get(timeout=max(0.05, next_sweep - time.monotonic()))
+            except queue.Empty:
+                event = None
+            if self._stop.is_set():
+                return
+            if event is not None:
+                self._on_event(event)
+            if self._sweep_now.is_set() or time.monotonic() >= next_sweep:
+                self._sweep_now.clear()
+                next_sweep = time.monotonic() + self.sweep_s
+                try:
+                    self._sweep()
+                except PgcarveError as exc:
+                    log.error("fault sweep could not read the fleet: %s", exc)
+
+    def _on_event(self, event: GuestEvent) -> None:
+        if self.fleet.stopping_on_purpose(event.name):
+            return
+        try:
+            info = self.fleet.hosts[event.host].guest(event.name)
+        except NotFound:
+            return  # removed (by us or by hand) or not a pgcarve guest
+        except PgcarveError as exc:
+            log.error("host %s: could not look up %s after a lifecycle event: %s", event.host, event.name, exc)
+            return
+        meta = info.metadata
+        if meta.fleet != self.fleet.config.fleet or meta.created_by != "manager" or info.creating:
+            return
+        incident = self._record(meta.index, info.name, info.host, meta.role, f"{meta.role} {event.kind}",
+                                event.cause, event.at, "event")
+        log.error("%s %s on host %s %s: %s (detected %.0f ms after the event)", meta.role, info.name, info.host,
+                  event.kind, event.cause, (time.time() - event.at) * 1000)
+        if event.kind == "paused":
+            self._finish([incident], "reported", "none",
+                         "left paused: free space in the host's storage pool, then resume it (virsh resume)")
+            return
+        self._schedule(meta.index, [incident])
+
+    def _sweep(self) -> None:
+        for inst in self.fleet.observe(with_endpoints=False):
+            problems = self._problems(inst)
+            if not problems:
+                continue
+            if inst.index in self._running or self.fleet.busy(inst.index):
+                continue
+            with self._lock:
+                pending = self._pending.get(inst.index)
+                recent = time.monotonic() - self._last_attempt.get(inst.index, -1e9) < self.retry_s
+            if pending is not None or recent:
+                continue
+            known = {i.guest for i in self.open_incidents(inst.name)}
+            incidents = [self._record(inst.index, guest, host, role, what, cause, time.time(), "sweep")
+                         for guest, host, role, what, cause in problems if guest not in known]
+            self._schedule(inst.index, incidents + self.open_incidents(inst.name))
+
+    def _problems(self, inst: Instance) -> list[tuple[str, str, str, str, str]]:
+        """(guest, host, role, what, cause) for each part of the instance that is not as it should be."""
+        members = [*((inst.primary,) if inst.primary else ()), *inst.standbys]
+        if not members or any(g.info.creating or g.info.metadata.created_by != "manager" for g in members):
+            return []
+        found = []
+        if inst.primary is None:
+            found.append((inst.name, "?", "primary", "primary missing", "no primary guest is defined"))
+        for guest in members:
+            if guest.info.state not in ("running", "paused"):
+                role = guest.info.metadata.role
+                found.append((guest.name, guest.info.host, role, f"{role} not running", f"state {guest.info.state}"))
+        if len(inst.standbys) < self.fleet.config.replication.standbys:
+            found.append((inst.name, "?", "standby", "standby missing",
+                          f"{len(inst.standbys)} of {self.fleet.config.replication.standbys} standby guests exist"))
+        return found
+
+    # -- repairing -----------------------------------------------------------------------------
+
+    def _record(self, index: int, guest: str, host: str, role: str, what: str, cause: str, at: float,
+                source: str) -> Incident:
+        name = f"{self.fleet.config.fleet}-{index:02d}"
+        incident = Incident(id=next(self._ids), instance=name, guest=guest, host=host, role=role, what=what,
+                            cause=cause, detected_at=at, source=source)
+        with self._lock:
+            self._incidents.append(incident)
+            self.counts[what] = self.counts.get(what, 0) + 1
+        self.on_change()
+        return incident
+
+    def _finish(self, incidents: list[Incident], status: str, action: str, message: str) -> None:
+        with self._lock:
+            for incident in incidents:
+                incident.status, incident.action, incident.message = status, action, message
+                incident.finished_at = time.time()
+        self.on_change()
+
+    def _schedule(self, index: int, incidents: list[Incident]) -> None:
+        if not self.fleet.config.recovery.enabled:
+            self._finish(incidents, "reported", "none", "automatic recovery is off (recovery.enabled: false)")
+            return
+        with self._lock:
+            pending = self._pending.setdefault(index, _Pending())
+            pending.incidents.extend(i for i in incidents if i not in pending.incidents)
+            if index in self._running:
+                return  # the running repair picks these up when it re-checks
+            self._running.add(index)
+        threading.Thread(target=self._repair, args=(index,), name=f"pgcarve-repair-{index}", daemon=True).start()
+
+    def _repair(self, index: int) -> None:
+        try:
+            while not self._stop.is_set():
+                with self._lock:
+                    pending = self._pending.pop(index, None)
+                    if pending is None:
+                        return
+                    self._last_attempt[index] = time.monotonic()
+                incidents = pending.incidents
+                for incident in incidents:
+                    incident.attempts += 1
+                with self.fleet.exclusive(index, "recovering from a fault"):
+                    try:
+                        done = self.recovery.repair(index, self.policy)
+                    except PgcarveError as exc:
+                        log.error("instance %d: recovery failed: %s (will try again)", index, exc)
+                        self._finish(incidents, "failed", self.policy, str(exc))
+                        continue
+                    except Exception as exc:  # a bug must not kill the HA loop
+                        log.exception("instance %d: recovery crashed", index)
+                        self._finish(incidents, "failed", self.policy, f"{type(exc).__name__}: {exc}")
+                        continue
+                log.warning("instance %d recovered: %s", index, "; ".join(w for _, w in done) or "nothing to do")
+                # Faults reported while this repair ran are settled by it if it repaired their guest.
+                with self._lock:
+                    later = self._pending.get(index)
+                    settled = [i for i in (later.incidents if later else []) if any(g == i.guest for g, _ in done)]
+                    if later is not None:
+                        later.incidents = [i for i in later.incidents if i not in settled]
+                        if not later.incidents:
+                            del self._pending[index]
+                for incident in (*incidents, *settled):
+                    lines = [w for g, w in done if g == incident.guest] or [w for _, w in done]
+                    message = "; ".join(lines) or "nothing to do: the instance was already whole"
+                    action = ("failover" if "failed over" in message else
+                              "rebuild" if "rebuilt" in message else "restart" if "restarted" in message else "none")
+                    self._finish([incident], "recovered", action, message)
+        finally:
+            with self._lock:
+                self._running.discard(index)
+            self.on_change()

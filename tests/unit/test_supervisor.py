@@ -1,0 +1,117 @@
+"""The HA loop's decisions on libvirt's test driver: which lifecycle events are faults, and that
+half-made instances are removed after a manager crash. (Repairs that boot guests are in
+tests/integration/test_faults.py.)"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import libvirt
+import pytest
+from pgcarve.config import FleetConfig, HostConfig, Paths, Recovery, Replication
+from pgcarve.domain_xml import DomainSpec, InstanceMetadata, Nic, mac_for
+from pgcarve.fleet import Fleet
+from pgcarve.recovery import lsn_value
+from pgcarve.supervisor import Incident, Supervisor
+
+URI = "test:///default"
+
+
+def define(conn: libvirt.virConnect, index: int, creating: bool = False) -> None:
+    name = f"pgc-{index:02d}"
+    spec = DomainSpec(
+        name=name, domain_type="qemu",
+        metadata=InstanceMetadata(fleet="pgc", cluster=name, role="primary", index=index),
+        memory_mib=1024, vcpu_pins=(index,), emulator_cpus=(0,), numa_node=0,
+        kernel="/nonexistent/vmlinuz", initrd="/nonexistent/initrd", disks=(),
+        nics=(Nic("default", mac_for("pgc", name)),), creating=creating,
+    )
+    conn.defineXML(spec.to_xml()).create()
+
+
+@pytest.fixture
+def world(tmp_path: Path) -> Iterator[tuple[libvirt.virConnect, Fleet, Supervisor]]:
+    conn = libvirt.open(URI)  # keeps the test driver's state alive
+    for dom in conn.listAllDomains():
+        if dom.isActive():
+            dom.destroy()
+        dom.undefine()
+    config = FleetConfig(hosts=[HostConfig(name="h1", uri=URI, role="primary")],
+                         replication=Replication(standbys=0),
+                         recovery=Recovery(primary="restart", enabled=False))
+    fleet = Fleet(config, Paths(tmp_path))
+    supervisor = Supervisor(fleet, sweep_s=3600)
+    supervisor.start()
+    assert supervisor.wait_connected(10), "no lifecycle event connection to the test driver"
+    yield conn, fleet, supervisor
+    supervisor.stop()
+    fleet.close()
+    conn.close()
+
+
+def wait_incidents(supervisor: Supervisor, count: int, timeout_s: float = 10) -> list[Incident]:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        found = supervisor.incidents()
+        if len(found) >= count:
+            return found
+        time.sleep(0.02)
+    return supervisor.incidents()
+
+
+def test_a_destroyed_primary_is_an_incident_from_its_event(world: tuple[libvirt.virConnect, Fleet, Supervisor]) -> None:
+    conn, _fleet, supervisor = world
+    define(conn, 1)
+    destroyed_at = time.time()
+    conn.lookupByName("pgc-01").destroy()
+    incidents = wait_incidents(supervisor, 1)
+    assert len(incidents) == 1
+    incident = incidents[0]
+    assert (incident.guest, incident.role, incident.what, incident.source) == ("pgc-01", "primary",
+                                                                               "primary stopped", "event")
+    assert "destroyed" in incident.cause
+    assert incident.detected_at - destroyed_at < 2.0
+    # recovery.enabled: false -> reported, nothing touched
+    assert incident.status == "reported" and incident.action == "none"
+    assert conn.lookupByName("pgc-01").isActive() == 0
+
+
+def test_guests_being_built_or_removed_on_purpose_are_not_faults(
+        world: tuple[libvirt.virConnect, Fleet, Supervisor]) -> None:
+    conn, fleet, supervisor = world
+    define(conn, 1, creating=True)  # a scale operation is still building it
+    define(conn, 2)
+    conn.lookupByName("pgc-01").destroy()
+    fleet.discard_instance(2)  # the manager's own removal
+    define(conn, 3)
+    conn.lookupByName("pgc-03").destroy()  # a real fault, as a marker that events were processed
+    incidents = wait_incidents(supervisor, 1)
+    assert [i.guest for i in incidents] == ["pgc-03"]
+
+
+def test_half_made_instances_are_removed_on_restart(tmp_path: Path) -> None:
+    conn = libvirt.open(URI)
+    try:
+        for dom in conn.listAllDomains():
+            if dom.isActive():
+                dom.destroy()
+            dom.undefine()
+        define(conn, 1)
+        define(conn, 2, creating=True)
+        fleet = Fleet(FleetConfig(hosts=[HostConfig(name="h1", uri=URI, role="primary")],
+                                  replication=Replication(standbys=0)), Paths(tmp_path))
+        removed = fleet.discard_half_made()
+        assert removed == ["half-made instance pgc-02 (pgc-02)"]
+        assert [g.name for g in fleet.guests()] == ["pgc-01"]
+        fleet.hosts["h1"].mark_complete("pgc-01")
+        assert not fleet.hosts["h1"].guest("pgc-01").creating
+        fleet.close()
+    finally:
+        conn.close()
+
+
+def test_lsn_order() -> None:
+    assert lsn_value("0/0") < lsn_value("0/16B3748") < lsn_value("1/0") < lsn_value("16/B374D848")
+    assert lsn_value(None) == -1
