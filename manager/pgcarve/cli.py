@@ -154,8 +154,14 @@ def cmd_sandbox(args: argparse.Namespace, paths: Paths) -> int:
 def cmd_up(args: argparse.Namespace, paths: Paths) -> int:
     from pgcarve.scaler import Scaler
 
+    server = read_server(paths)
+    if server is not None:
+        raise Conflict(f"a pgcarve server runs at {server['url']} and owns the fleet: "
+                           f"use `pgcarve scale {args.instances}` instead")
     fleet = Fleet(load_config(paths, args.hosts_file), paths)
     fleet.check_capacity(args.instances)
+    for what in fleet.discard_half_made():  # left by an earlier run that was killed
+        out.print(f"removed {what}, left by an interrupted run")
     with progress_display() as progress:
         Scaler(fleet).scale(args.instances, ProgressBoard(progress))
     print_status(fleet, fleet.observe())

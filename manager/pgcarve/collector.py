@@ -122,7 +122,13 @@ _POLL = sql.SQL(
     " CASE WHEN pg_catalog.pg_is_in_recovery() THEN NULL"
     " ELSE (SELECT pg_catalog.max(rep.lag_bytes) FROM rep) END AS replay_lag_bytes,"
     " (SELECT pg_catalog.json_agg(rep ORDER BY rep.application_name) FROM rep) AS standbys,"
-    " pg_catalog.pg_postmaster_start_time()::text AS epoch"
+    " pg_catalog.pg_postmaster_start_time()::text AS epoch,"
+    # Sessions whose commit has waited over 3 s for a synchronous standby (a normal commit waits
+    # milliseconds): pg_stat_replication can still list a dead standby as "sync" until
+    # wal_sender_timeout; this cannot be fooled.
+    " (SELECT pg_catalog.count(*) FROM pg_catalog.pg_stat_activity a"
+    " WHERE a.wait_event = 'SyncRep' AND a.state_change < pg_catalog.now() - interval '3 seconds')::int"
+    " AS sync_waiting"
 )
 
 
@@ -178,6 +184,7 @@ class _Link:
     last_raw_xacts: int | None = None
     last_epoch: str | None = None
     standbys: tuple[StandbyState, ...] = field(default_factory=tuple)
+    sync_waiting: int = 0  # sessions stuck waiting for a synchronous standby at the last poll
     # The poll in flight; it may outlive a round (slow connect, hung guest) and is harvested later.
     task: asyncio.Task[Sample | str] | None = None
 
@@ -236,6 +243,11 @@ class Collector:
         """Standbys seen by ``instance``'s last successful poll ([] if none or unknown)."""
         link = self._links.get(instance)
         return list(link.standbys) if link else []
+
+    def commits_waiting(self, instance: str) -> int:
+        """Sessions of ``instance`` whose commit had waited > 3 s for a synchronous standby at the last poll."""
+        link = self._links.get(instance)
+        return link.sync_waiting if link else 0
 
     async def poll_once(self) -> Snapshot:
         """Poll every current target concurrently, update the tracker, record a snapshot.
@@ -380,7 +392,7 @@ class Collector:
         wall = time.time() - (t1 - t0) / 2
         if row is None:
             raise _PollError(f"statistics query on {host} returned no row")
-        raw_xacts, calls, lag_bytes, standbys, epoch = row[:5]
+        raw_xacts, calls, lag_bytes, standbys, epoch, sync_waiting = row[:6]
         raw_xacts = int(raw_xacts)
         epoch = str(epoch)
         if link.last_raw_xacts is not None and (raw_xacts < link.last_raw_xacts or epoch != link.last_epoch):
@@ -390,6 +402,7 @@ class Collector:
             link.own_xacts = 1
         link.last_raw_xacts, link.last_epoch = raw_xacts, epoch
         link.standbys = _standbys(standbys)
+        link.sync_waiting = int(sync_waiting or 0)
         return Sample(
             instance=link.target.instance,
             # Midpoint: the server read the counters somewhere inside the round trip.

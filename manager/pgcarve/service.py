@@ -201,10 +201,11 @@ class ManagerService:
         if error:
             return f"unknown: {error}"
         synced = [r for r in rows.values() if r.sync_state in ("sync", "quorum") and r.state == "streaming"]
-        if len(synced) >= self.config.replication.sync_count:
+        waiting = self.collector.commits_waiting(inst.name)
+        if len(synced) >= self.config.replication.sync_count and not waiting:
             return "accepted"
-        return (f"waiting: {len(synced)} of {self.config.replication.sync_count} synchronous standbys connected; "
-                "commits wait until one is back (RPO 0)")
+        return (f"waiting: {waiting} commit(s) wait for a synchronous standby; {len(synced)} of "
+                f"{self.config.replication.sync_count} connected as sync; commits resume when one confirms (RPO 0)")
 
     def incidents(self) -> list[Incident]:
         return self.supervisor.incidents() if self.supervisor else []

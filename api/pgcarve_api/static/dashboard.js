@@ -373,6 +373,23 @@
     }
   }
 
+  // The guest's state, plus what an operator must know now: commits waiting, a fault being repaired.
+  function stateCell(inst) {
+    const wrap = el("span", { class: "state" });
+    wrap.append(badge(inst.state, inst.state === "running" ? "ok" : "bad"));
+    if (inst.writes && inst.writes.startsWith("waiting")) {
+      const b = badge("writes waiting", "bad");
+      b.title = inst.writes;
+      wrap.append(" ", b);
+    }
+    if (inst.incident) {
+      const b = badge("recovering", "pending");
+      b.title = inst.incident;
+      wrap.append(" ", b);
+    }
+    return wrap;
+  }
+
   function standbyCell(standbys) {
     if (!standbys || !standbys.length) return el("span", { class: "muted", text: "none" });
     const wrap = el("div");
@@ -405,7 +422,7 @@
       const cells = [
         cell("cell-name", "name", el("span", { text: inst.name, title: inst.dsn || "" })),
         cell("cell-host", "", inst.host || "—"),
-        cell("cell-state", "", badge(inst.state, inst.state === "running" ? "ok" : "bad")),
+        cell("cell-state", "", stateCell(inst)),
         cell("cell-cpus", "", el("code", { text: cpus.length ? cpuset(cpus) : "—", title: `${cpus.length} vCPU(s)` })),
         cell("cell-memory", "", humanBytes((inst.memory_mib || 0) * 1048576)),
         cell("cell-tps", "num", rate ? human(rate.tps) : "—"),
