@@ -202,18 +202,7 @@ class Sandbox:
             pid_file.unlink(missing_ok=True)
         _run(["ip", "netns", "exec", host.netns, "unshare", "--mount", "--propagation", "private",
               "sh", "-c", _START_DAEMONS, "pgcarve-sandbox", str(host.directory)])
-        lv = LibvirtHost(host.name, host.uri)
-        deadline = time.monotonic() + 30
-        while True:
-            try:
-                lv.ping()
-                break
-            except Exception as exc:
-                if time.monotonic() > deadline:
-                    log = host.directory / "log" / "libvirtd.log"
-                    tail = log.read_text()[-800:] if log.exists() else ""
-                    raise SandboxError(f"libvirtd for {host.name} did not answer in 30 s: {exc}\n{tail}") from None
-                time.sleep(0.2)
+        lv = self._wait_libvirtd(host)
         progress(f"{host.name}: network {NETWORK_NAME} 10.77.{host.index}.0/24 and storage pool")
         lv.ensure_network(NETWORK_NAME, "pgcbr0", f"10.77.{host.index}.1", 24,
                           f"10.77.{host.index}.10", f"10.77.{host.index}.250")
@@ -270,19 +259,23 @@ class Sandbox:
         pid_file = host.directory / "pids" / "libvirtd.pid"
         pid_file.unlink(missing_ok=True)
         self.run_in_host(index, ["libvirtd", "-d", "-p", str(pid_file), "-f", "/etc/libvirt/libvirtd.conf"])
+        self._wait_libvirtd(host).close()
+
+    def _wait_libvirtd(self, host: SandboxHost, timeout_s: float = 30) -> LibvirtHost:
+        """A connection to the host's libvirtd once it answers (started moments ago)."""
         lv = LibvirtHost(host.name, host.uri)
-        deadline = time.monotonic() + 30
-        try:
-            while True:
-                try:
-                    lv.ping()
-                    return
-                except Exception as exc:
-                    if time.monotonic() > deadline:
-                        raise SandboxError(f"libvirtd for {host.name} did not come back in 30 s: {exc}") from None
-                    time.sleep(0.2)
-        finally:
-            lv.close()
+        deadline = time.monotonic() + timeout_s
+        while True:
+            try:
+                lv.ping()
+                return lv
+            except Exception as exc:
+                if time.monotonic() > deadline:
+                    log = host.directory / "log" / "libvirtd.log"
+                    tail = log.read_text()[-800:] if log.exists() else ""
+                    raise SandboxError(f"libvirtd for {host.name} did not answer in {timeout_s:.0f} s: "
+                                       f"{exc}\n{tail}") from None
+                time.sleep(0.2)
 
     # -- down --------------------------------------------------------------------------------
 

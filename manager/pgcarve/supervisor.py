@@ -64,6 +64,7 @@ class Supervisor:
         self.sweep_s = sweep_s
         self.retry_s = retry_s
         self.counts: dict[str, int] = {}
+        self.sweeps = 0
         self._ids = itertools.count(1)
         self._incidents: deque[Incident] = deque(maxlen=500)
         self._lock = threading.Lock()
@@ -93,6 +94,10 @@ class Supervisor:
     def wait_connected(self, timeout_s: float) -> bool:
         deadline = time.monotonic() + timeout_s
         return all(w.connected.wait(max(0.0, deadline - time.monotonic())) for w in self._watches)
+
+    def settled(self) -> bool:
+        """Watching every host, and no sweep pending (the start-up sweeps are done)."""
+        return all(w.connected.is_set() for w in self._watches) and self.sweeps > 0 and not self._sweep_now.is_set()
 
     def watching(self, host: str) -> bool:
         return any(w.name == host and w.connected.is_set() for w in self._watches)
@@ -137,6 +142,7 @@ class Supervisor:
                     self._sweep()
                 except PgcarveError as exc:
                     log.error("fault sweep could not read the fleet: %s", exc)
+                self.sweeps += 1
 
     def _on_event(self, event: GuestEvent) -> None:
         if self.fleet.stopping_on_purpose(event.name):
@@ -173,7 +179,9 @@ class Supervisor:
                 recent = time.monotonic() - self._last_attempt.get(inst.index, -1e9) < self.retry_s
             if pending is not None or recent:
                 continue
-            known = {i.guest for i in self.open_incidents(inst.name)}
+            # Not again for a fault already known (being repaired, failed, or reported only).
+            known = {i.guest for i in self.incidents()
+                     if i.instance == inst.name and i.status in ("recovering", "failed", "reported")}
             incidents = [self._record(inst.index, guest, host, role, what, cause, time.time(), "sweep")
                          for guest, host, role, what, cause in problems if guest not in known]
             self._schedule(inst.index, incidents + self.open_incidents(inst.name))

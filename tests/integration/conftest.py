@@ -16,6 +16,7 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
@@ -93,6 +94,17 @@ class CarveEnv:
             fleet.close()
         self.sandbox.down()
         return self.sandbox.leftovers()
+
+
+def wait_for(predicate: Any, what: str, timeout_s: float = 300) -> Any:
+    """Poll `predicate` until it returns something true; that value, or AssertionError."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(0.5)
+    raise AssertionError(f"timed out after {timeout_s} s waiting for {what}")
 
 
 def free_port() -> int:

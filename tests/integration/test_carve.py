@@ -19,23 +19,13 @@ from pgcarve.fleet import Fleet, Guest
 from pgcarve.libvirt_host import LibvirtHost
 from pgcarve.load import run_pgbench
 
-from tests.integration.conftest import CarveEnv, wait_operation
+from tests.integration.conftest import CarveEnv, wait_for, wait_operation
 
 pytestmark = pytest.mark.integration
 
 
 def fleet_of(env: CarveEnv) -> Fleet:
     return Fleet(env.config, env.paths)
-
-
-def wait_for(predicate: Any, what: str, timeout_s: float = 120) -> Any:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(0.5)
-    raise AssertionError(f"timed out after {timeout_s} s waiting for {what}")
 
 
 def test_refused_requests_change_nothing(carve_env: CarveEnv) -> None:

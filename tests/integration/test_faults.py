@@ -19,7 +19,7 @@ from __future__ import annotations
 import os
 import signal
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -30,23 +30,14 @@ from pgcarve.fleet import Fleet
 from pgcarve.scaler import Scaler
 from psycopg.conninfo import make_conninfo
 
-from tests.integration.conftest import IT_STATE, TOKEN, CarveEnv, wait_operation
+from tests.conftest import image_dir
+from tests.integration.conftest import IT_STATE, TOKEN, CarveEnv, wait_for, wait_operation
 from tests.integration.writer import AckedWriter
 
 pytestmark = pytest.mark.integration
 
 INSTANCE = "pgc-01"
 HOST_INDEX = {"h0": 0, "h1": 1, "h2": 2}
-
-
-def wait_for(predicate: Callable[[], Any], what: str, timeout_s: float = 300) -> Any:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(0.5)
-    raise AssertionError(f"timed out after {timeout_s} s waiting for {what}")
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -224,10 +215,12 @@ def test_standbys_killed_writes_wait_then_standbys_come_back(carve_env: CarveEnv
     check_nothing_lost(fleet, writer)
 
 
-def test_disk_full_during_scale_up_leaves_nothing(carve_env: CarveEnv, fleet: Fleet) -> None:
+def test_disk_full_during_scale_up_leaves_nothing(carve_env: CarveEnv, fleet: Fleet,
+                                                  monkeypatch: pytest.MonkeyPatch) -> None:
     """h0's pool on a small tmpfs: first refused up front (free space below the reserve), then,
     with no reserve, the new guest's disk fills while it boots. Both fail with an error that says
     so, and leave no guest and no volume of pgc-02 behind."""
+    monkeypatch.setenv("PGCARVE_IMAGE_DIR", str(image_dir()))  # this process builds the guests
     sandbox = carve_env.sandbox
     path = "/var/lib/libvirt/pgcsmall"
     sandbox.run_in_host(0, ["mkdir", "-p", path])

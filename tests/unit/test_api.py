@@ -22,14 +22,15 @@ TOKEN = "unit-test-token-0123456789"
 AUTH = {"Authorization": f"Bearer {TOKEN}"}
 
 
-def define(conn: libvirt.virConnect, index: int) -> None:
+def define(conn: libvirt.virConnect, index: int, creating: bool = False) -> None:
+    """A running primary on the test driver, as the manager defines it."""
     name = f"pgc-{index:02d}"
     spec = DomainSpec(
         name=name, domain_type="qemu",
         metadata=InstanceMetadata(fleet="pgc", cluster=name, role="primary", index=index),
         memory_mib=1024, vcpu_pins=(index,), emulator_cpus=(0,), numa_node=0,
         kernel="/nonexistent/vmlinuz", initrd="/nonexistent/initrd", disks=(),
-        nics=(Nic("default", mac_for("pgc", name)),),
+        nics=(Nic("default", mac_for("pgc", name)),), creating=creating,
     )
     conn.defineXML(spec.to_xml()).create()
 

@@ -11,24 +11,13 @@ from pathlib import Path
 import libvirt
 import pytest
 from pgcarve.config import FleetConfig, HostConfig, Paths, Recovery, Replication
-from pgcarve.domain_xml import DomainSpec, InstanceMetadata, Nic, mac_for
 from pgcarve.fleet import Fleet
 from pgcarve.recovery import lsn_value
 from pgcarve.supervisor import Incident, Supervisor
 
+from tests.unit.test_api import define
+
 URI = "test:///default"
-
-
-def define(conn: libvirt.virConnect, index: int, creating: bool = False) -> None:
-    name = f"pgc-{index:02d}"
-    spec = DomainSpec(
-        name=name, domain_type="qemu",
-        metadata=InstanceMetadata(fleet="pgc", cluster=name, role="primary", index=index),
-        memory_mib=1024, vcpu_pins=(index,), emulator_cpus=(0,), numa_node=0,
-        kernel="/nonexistent/vmlinuz", initrd="/nonexistent/initrd", disks=(),
-        nics=(Nic("default", mac_for("pgc", name)),), creating=creating,
-    )
-    conn.defineXML(spec.to_xml()).create()
 
 
 @pytest.fixture
@@ -45,6 +34,10 @@ def world(tmp_path: Path) -> Iterator[tuple[libvirt.virConnect, Fleet, Superviso
     supervisor = Supervisor(fleet, sweep_s=3600)
     supervisor.start()
     assert supervisor.wait_connected(10), "no lifecycle event connection to the test driver"
+    deadline = time.monotonic() + 10
+    while not supervisor.settled():  # the start-up sweep must not race the faults made below
+        assert time.monotonic() < deadline, "the supervisor did not finish its start-up sweep"
+        time.sleep(0.01)
     yield conn, fleet, supervisor
     supervisor.stop()
     fleet.close()
