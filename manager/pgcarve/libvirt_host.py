@@ -290,7 +290,12 @@ class LibvirtHost:
         with self._translate("listing guests"):
             found = []
             for dom in self.conn.listAllDomains(0):
-                info = self._guest_info(dom)
+                try:
+                    info = self._guest_info(dom)
+                except libvirt.libvirtError as exc:
+                    if exc.get_error_code() == libvirt.VIR_ERR_NO_DOMAIN:
+                        continue  # removed while we were listing: it is simply not there any more
+                    raise
                 if info is not None and (fleet is None or info.metadata.fleet == fleet):
                     found.append(info)
             return sorted(found, key=lambda g: g.name)
