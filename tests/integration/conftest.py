@@ -35,6 +35,8 @@ def start_server(port: int, hosts_file: Path | None = None) -> subprocess.Popen[
     /healthz answers."""
     env_vars = dict(os.environ, PGCARVE_STATE_DIR=str(IT_STATE), PGCARVE_IMAGE_DIR=str(image_dir()),
                     PGCARVE_TOKEN=TOKEN)
+    # Under TCG on a loaded 2-core machine a guest can take minutes to boot.
+    env_vars.setdefault("PGCARVE_BOOT_TIMEOUT", "1200")
     if hosts_file is not None:
         env_vars["PGCARVE_HOSTS_FILE"] = str(hosts_file)
     with (IT_STATE / "server.log").open("ab") as log:
