@@ -381,26 +381,30 @@ class LibvirtHost:
             return int(pool.info()[3] // (1024 * 1024))
 
     def guest_address(self, name: str, network: str) -> str | None:
-        """The guest's IPv4 address from the libvirt network's DHCP leases, if it has one yet."""
+        """The guest's IPv4 address from the libvirt network's DHCP leases, if it has one yet.
+
+        The newest lease wins: a guest re-created under the same name (same MAC) boots with a new
+        machine-id, so dnsmasq may give it a new address while the old lease is still listed.
+        """
         with self._translate(f"reading {name}'s address"):
-            dom = self.conn.lookupByName(name)
-            try:
-                ifaces = dom.interfaceAddresses(libvirt.VIR_DOMAIN_INTERFACE_ADDRESSES_SRC_LEASE, 0)
-            except libvirt.libvirtError:
-                ifaces = {}
-            for iface in (ifaces or {}).values():
-                for addr in iface.get("addrs") or []:
-                    if addr.get("type") == libvirt.VIR_IP_ADDR_TYPE_IPV4:
-                        return str(addr["addr"])
-            # Leases also survive on the network object (e.g. the domain restarted since).
             mac = self.guest(name).mac
             try:
                 leases = self.conn.networkLookupByName(network).DHCPLeases(mac, 0) if mac else []
             except libvirt.libvirtError:
                 leases = []
             ipv4 = [lease for lease in leases if lease.get("type") == libvirt.VIR_IP_ADDR_TYPE_IPV4]
-            if ipv4:  # the newest lease: a re-created guest may still have an older one
+            if ipv4:
                 return str(max(ipv4, key=lambda lease: lease.get("expirytime", 0))["ipaddr"])
+            # Not a libvirt-managed DHCP network: ask the domain (lease source) instead.
+            try:
+                ifaces = self.conn.lookupByName(name).interfaceAddresses(
+                    libvirt.VIR_DOMAIN_INTERFACE_ADDRESSES_SRC_LEASE, 0)
+            except libvirt.libvirtError:
+                ifaces = {}
+            for iface in (ifaces or {}).values():
+                for addr in iface.get("addrs") or []:
+                    if addr.get("type") == libvirt.VIR_IP_ADDR_TYPE_IPV4:
+                        return str(addr["addr"])
             return None
 
     # -- networks (sandbox and tests) -------------------------------------------------------
