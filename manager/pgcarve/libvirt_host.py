@@ -108,6 +108,7 @@ class LibvirtHost:
                         libvirt.VIR_ERR_NO_NETWORK, libvirt.VIR_ERR_NO_STORAGE_POOL):
                 raise NotFound(f"host {self.name}: {doing}: {exc.get_error_message()}") from None
             if code in (libvirt.VIR_ERR_SYSTEM_ERROR, libvirt.VIR_ERR_RPC) and not self._alive():
+                self._conn = None  # reconnect on the next call (e.g. libvirtd was restarted)
                 raise HostUnreachable(f"host {self.name}: lost libvirt at {self.uri} while {doing}") from None
             raise LibvirtFailure(f"host {self.name}: {doing} failed: {exc.get_error_message()}") from None
 
