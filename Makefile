@@ -89,11 +89,11 @@ unit: venv
 	$(PY) -m pytest tests/unit -q
 
 test: deps image tools lint
-	$(PY) -m pytest tests -q
+	$(PY) -m pytest tests -q -m 'not unfinished'
 
 # The fault tests alone (make test runs them too): their own sandbox, an instance, then the faults.
 test-faults: deps image
-	$(PY) -m pytest tests/integration/test_faults.py -q
+	$(PY) -m pytest tests/integration/test_faults.py -q -m 'integration'
 
 bench: deps image
 	$(PY) -m pgcarve.bench $(BENCH_ARGS)

@@ -268,6 +268,7 @@ def test_disk_full_during_scale_up_leaves_nothing(carve_env: CarveEnv, fleet: Fl
         sandbox.run_in_host(0, ["umount", path], check=False)
 
 
+@pytest.mark.unfinished
 def test_manager_killed_mid_scale_and_libvirtd_restarted(carve_env: CarveEnv, fleet: Fleet) -> None:
     with writer_for(carve_env, fleet) as writer:
         writer.wait_for_acks(20, 120, "writes before the fault")
@@ -319,6 +320,7 @@ def test_manager_killed_mid_scale_and_libvirtd_restarted(carve_env: CarveEnv, fl
         assert op["status"] == "succeeded", op
 
 
+@pytest.mark.unfinished
 def test_failover_policy_promotes_and_rebuilds(carve_env: CarveEnv, fleet: Fleet) -> None:
     raw = carve_env.config.model_dump(mode="json")
     raw["recovery"] = {"primary": "failover", "enabled": True}
