@@ -290,7 +290,7 @@ class Fleet:
         if not with_endpoint or info.state != "running":
             return Guest(info=info, address=None, endpoint=None)
         host = self.config.host(info.host)
-        address = self.hosts[info.host].guest_address(info.name, host.network)
+        address = self.hosts[info.host].guest_address(info.name, host.network, info.mac)
         return Guest(info=info, address=address, endpoint=self._endpoint(host, info.name, address))
 
     def _endpoint(self, host: HostConfig, name: str, address: str | None) -> tuple[str, int] | None:
@@ -544,25 +544,21 @@ class Fleet:
     def discard_half_made(self) -> list[str]:
         """After a manager crash: remove instances a killed scale operation left half-made (a guest
         still marked "creating"), and volumes of this fleet that no guest uses. Neither ever held
-        an acknowledged commit: an instance is marked complete only once it is whole."""
+        an acknowledged commit: an instance is marked complete only once it is whole.
+
+        Call before any operation runs (manager start, `pgcarve up`): it assumes nothing is being
+        built right now."""
         removed = []
         guests = self.guests()
         for index in sorted({g.metadata.index for g in guests if g.creating and g.metadata.created_by == "manager"}):
-            if self.busy(index):
-                continue
-            with self.exclusive(index, "discarding a half-made instance"):
-                names = sorted(g.name for g in guests if g.metadata.index == index)
-                self.discard_instance(index)
-                removed.append(f"half-made instance {instance_name(self.config.fleet, index)} ({', '.join(names)})")
-        guests = self.guests()
+            names = sorted(g.name for g in guests if g.metadata.index == index)
+            self.discard_instance(index)
+            removed.append(f"half-made instance {instance_name(self.config.fleet, index)} ({', '.join(names)})")
         prefix = f"{self.config.fleet}-"
         for host_name, lv in self.hosts.items():
-            defined = {g.name for g in guests if g.host == host_name}
-            busy = {instance_name(self.config.fleet, i) for i in list(self._busy)}
             for volume in sorted(lv.volume_names()):
                 owner = volume.removesuffix(".qcow2").removesuffix("-seed.iso")
-                if (volume.startswith(prefix) and owner != volume and owner not in defined
-                        and not any(owner.startswith(b) for b in busy) and not lv.defined(owner)):
+                if volume.startswith(prefix) and owner != volume and not lv.defined(owner):
                     lv.delete_volume(volume)
                     removed.append(f"volume {volume} on {host_name} (no guest uses it)")
         return removed

@@ -381,14 +381,13 @@ class LibvirtHost:
             pool = self.ensure_pool(refresh=True)
             return int(pool.info()[3] // (1024 * 1024))
 
-    def guest_address(self, name: str, network: str) -> str | None:
+    def guest_address(self, name: str, network: str, mac: str | None) -> str | None:
         """The guest's IPv4 address from the libvirt network's DHCP leases, if it has one yet.
 
         The newest lease wins: a guest re-created under the same name (same MAC) boots with a new
         machine-id, so dnsmasq may give it a new address while the old lease is still listed.
         """
         with self._translate(f"reading {name}'s address"):
-            mac = self.guest(name).mac
             try:
                 leases = self.conn.networkLookupByName(network).DHCPLeases(mac, 0) if mac else []
             except libvirt.libvirtError:

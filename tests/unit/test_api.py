@@ -35,6 +35,19 @@ def define(conn: libvirt.virConnect, index: int, creating: bool = False) -> None
     conn.defineXML(spec.to_xml()).create()
 
 
+def reset_test_driver(instances: tuple[int, ...] = ()) -> libvirt.virConnect:
+    """Empty libvirt's test driver, then define running primaries `instances`. The returned
+    connection keeps the driver's state alive: close it when the test is done."""
+    conn = libvirt.open("test:///default")
+    for dom in conn.listAllDomains():
+        if dom.isActive():
+            dom.destroy()
+        dom.undefine()
+    for index in instances:
+        define(conn, index)
+    return conn
+
+
 @pytest.fixture
 def api(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[tuple[TestClient, ManagerService]]:
     monkeypatch.setenv("PGCARVE_IMAGE_DIR", str(tmp_path / "no-image"))
@@ -42,13 +55,7 @@ def api(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[tuple[TestC
         hosts=[HostConfig(name="h1", uri="test:///default", role="primary")],
         replication=Replication(standbys=0),
     )
-    keep_alive = libvirt.open("test:///default")  # the test driver's state lives while a connection does
-    for dom in keep_alive.listAllDomains():
-        if dom.isActive():
-            dom.destroy()
-        dom.undefine()
-    for index in (1, 2, 3):
-        define(keep_alive, index)
+    keep_alive = reset_test_driver((1, 2, 3))
     service = ManagerService(config, Paths(tmp_path), refresh_s=0.2, collect=False, supervise=False)
     service.start()
     app = create_app(Settings(state_dir=tmp_path, token=TOKEN), service=service)

@@ -29,7 +29,6 @@ from importlib.machinery import SourceFileLoader
 from pathlib import Path
 from types import ModuleType
 
-import libvirt
 import pytest
 import yaml
 from fastapi import FastAPI
@@ -48,7 +47,7 @@ from pgcarve_api.routes.dashboard import STATIC_DIR
 from pgcarve_api.settings import Settings
 from pydantic import ValidationError
 
-from tests.unit.test_api import define
+from tests.unit.test_api import reset_test_driver
 
 ROOT = Path(__file__).resolve().parents[2]
 GUEST_SETUP = ROOT / "images" / "rootfs" / "usr" / "local" / "sbin" / "pgcarve-guest-setup"
@@ -382,13 +381,7 @@ def test_generated_secrets_fit_both_sides_checks(guest_setup: ModuleType) -> Non
 def fleet(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[ManagerService]:
     """A service on libvirt's test driver with instances pgc-01..03."""
     monkeypatch.setenv("PGCARVE_IMAGE_DIR", str(tmp_path / "no-image"))
-    keep_alive = libvirt.open("test:///default")
-    for dom in keep_alive.listAllDomains():
-        if dom.isActive():
-            dom.destroy()
-        dom.undefine()
-    for index in (1, 2, 3):
-        define(keep_alive, index)
+    keep_alive = reset_test_driver((1, 2, 3))
     config = FleetConfig(hosts=[HostConfig(name="h1", uri="test:///default", role="primary")],
                          replication=Replication(standbys=0))
     service = ManagerService(config, Paths(tmp_path / "state"), refresh_s=0.2, collect=False, supervise=False)

@@ -15,18 +15,14 @@ from pgcarve.fleet import Fleet
 from pgcarve.recovery import lsn_value
 from pgcarve.supervisor import Incident, Supervisor
 
-from tests.unit.test_api import define
+from tests.unit.test_api import define, reset_test_driver
 
 URI = "test:///default"
 
 
 @pytest.fixture
 def world(tmp_path: Path) -> Iterator[tuple[libvirt.virConnect, Fleet, Supervisor]]:
-    conn = libvirt.open(URI)  # keeps the test driver's state alive
-    for dom in conn.listAllDomains():
-        if dom.isActive():
-            dom.destroy()
-        dom.undefine()
+    conn = reset_test_driver()
     config = FleetConfig(hosts=[HostConfig(name="h1", uri=URI, role="primary")],
                          replication=Replication(standbys=0),
                          recovery=Recovery(primary="restart", enabled=False))
@@ -85,13 +81,8 @@ def test_guests_being_built_or_removed_on_purpose_are_not_faults(
 
 
 def test_half_made_instances_are_removed_on_restart(tmp_path: Path) -> None:
-    conn = libvirt.open(URI)
+    conn = reset_test_driver((1,))
     try:
-        for dom in conn.listAllDomains():
-            if dom.isActive():
-                dom.destroy()
-            dom.undefine()
-        define(conn, 1)
         define(conn, 2, creating=True)
         fleet = Fleet(FleetConfig(hosts=[HostConfig(name="h1", uri=URI, role="primary")],
                                   replication=Replication(standbys=0)), Paths(tmp_path))
