@@ -237,7 +237,6 @@ def cmd_plan(args: argparse.Namespace, paths: Paths) -> int:
 
 
 def cmd_load(args: argparse.Namespace, paths: Paths) -> int:
-    import time
 
     from pgcarve.load import run_on_primaries
 
@@ -255,26 +254,46 @@ def cmd_load(args: argparse.Namespace, paths: Paths) -> int:
     out.print(table)
     server = read_server(paths)
     if server is not None:
-        import httpx
-
-        # The API's own view of the same run: its collector's aggregate over the load window.
-        window = max(1, int(time.time() - min(r.started_at for r in results)))
-        history = httpx.get(f"{server['url']}/v1/tps/history", params={"seconds": window}, timeout=10).json()
-        start, end = min(r.started_at for r in results) + 2, max(r.finished_at for r in results) - 1
-        inside = [p["aggregate_tps"] for p in history if start <= p["at"] <= end]
-        if inside:
-            # pgbench's own "tps" leaves out its connection time (SCRAM logins are slow in an
-            # emulated guest), so compare with what it committed over the wall-clock run.
-            wall_tps = sum(r.transactions / max(1e-6, r.finished_at - r.started_at) for r in results)
-            out.print(f"API aggregate TPS over the run: {sum(inside) / len(inside):,.1f} "
-                      f"(mean of {len(inside)} one-second samples from {server['url']}/v1/tps); "
-                      f"pgbench committed {sum(r.transactions for r in results)} transactions = "
-                      f"{wall_tps:,.1f} TPS over the wall-clock run")
+        counted = api_transactions_during(server["url"], results)
+        pgbench_total = sum(r.transactions for r in results)
+        if counted is not None:
+            # Totals, not per-second means: commit counts reach the API up to ~1 s late, which
+            # only moves transactions between seconds, never out of a window that ends idle.
+            out.print(f"API aggregate over the run: {counted:,.0f} transactions = {counted / args.seconds:,.1f} TPS "
+                      f"over the {args.seconds} s of load (from {server['url']}/v1/tps/history); "
+                      f"pgbench: {pgbench_total} transactions = {pgbench_total / args.seconds:,.1f} TPS "
+                      "(the API also counts pgbench's connection set-up)")
+        else:
+            out.print(f"the API at {server['url']} recorded no samples after the run; its collector may be stopped")
         out.print(f"dashboard: {server['url']}/")
     if args.json:
         Path(args.json).write_text(json.dumps([{k: v for k, v in r.__dict__.items() if k != "output"}
                                                for r in results], indent=2))
     return 0
+
+
+def api_transactions_during(url: str, results: list[Any], wait_s: float = 30) -> float | None:
+    """Transactions the API counted from the start of the pgbench runs until they were idle.
+
+    The integral of the aggregate TPS over its samples (each rate covers its own poll
+    interval, window_s). Waits, bounded, for a sample 3 s past the end of the last run so the
+    last commits, published up to ~1 s late, are in it. None if no such sample arrives.
+    """
+    import time
+
+    import httpx
+
+    started = min(r.started_at for r in results)
+    settled = max(r.finished_at for r in results) + 3
+    deadline = time.monotonic() + wait_s
+    while True:
+        seconds = max(1, int(time.time() - started) + 5)
+        history = httpx.get(f"{url}/v1/tps/history", params={"seconds": seconds}, timeout=10).json()
+        if history and history[-1]["at"] >= settled:
+            return float(sum(p["aggregate_tps"] * p["window_s"] for p in history if p["at"] > started))
+        if time.monotonic() >= deadline:
+            return None
+        time.sleep(0.5)  # the collector records one sample per second
 
 
 def read_server(paths: Paths) -> dict[str, Any] | None:
