@@ -74,8 +74,15 @@ class InstanceMetadata:
         )
 
     def to_xml(self) -> str:
-        """The metadata element alone, as virDomainSetMetadata expects it."""
+        """The metadata element alone, namespace-qualified (as it appears in the domain XML)."""
         return ET.tostring(self.element(), encoding="unicode")
+
+    def to_set_metadata(self) -> str:
+        """The element for virDomainSetMetadata: unqualified, because libvirt adds the namespace
+        from its key/uri arguments and refuses an element that already declares the prefix."""
+        element = self.element()
+        element.tag = "instance"
+        return ET.tostring(element, encoding="unicode")
 
     @classmethod
     def from_element(cls, element: ET.Element) -> InstanceMetadata:

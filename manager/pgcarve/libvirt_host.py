@@ -20,7 +20,15 @@ from typing import Literal
 
 import libvirt
 
-from pgcarve.domain_xml import CREATING_NS, METADATA_NS, DomainSpec, InstanceMetadata, format_cpuset, parse_cpuset
+from pgcarve.domain_xml import (
+    CREATING_NS,
+    METADATA_NS,
+    METADATA_PREFIX,
+    DomainSpec,
+    InstanceMetadata,
+    format_cpuset,
+    parse_cpuset,
+)
 from pgcarve.errors import GuestNotReady, HostUnreachable, LibvirtFailure, NotFound
 from pgcarve.topology import HostTopology, parse_capabilities
 
@@ -288,6 +296,14 @@ class LibvirtHost:
 
     def guests(self, fleet: str | None = None) -> list[GuestInfo]:
         """Every domain carrying pgcarve metadata (of one fleet, if given), sorted by name."""
+        try:
+            return self._list_guests(fleet)
+        except HostUnreachable:
+            # Without an event loop, a connection closed by a libvirtd restart is noticed only
+            # by the next call. Listing changes nothing: once more, on a fresh connection.
+            return self._list_guests(fleet)
+
+    def _list_guests(self, fleet: str | None) -> list[GuestInfo]:
         with self._translate("listing guests"):
             found = []
             for dom in self.conn.listAllDomains(0):
@@ -364,7 +380,8 @@ class LibvirtHost:
         with self._translate(f"updating {name}'s metadata"):
             dom = self.conn.lookupByName(name)
             flags = self._affect(dom)
-            dom.setMetadata(libvirt.VIR_DOMAIN_METADATA_ELEMENT, metadata.to_xml(), "pgcarve", METADATA_NS, flags)
+            dom.setMetadata(libvirt.VIR_DOMAIN_METADATA_ELEMENT, metadata.to_set_metadata(), METADATA_PREFIX,
+                            METADATA_NS, flags)
             dom.setMetadata(libvirt.VIR_DOMAIN_METADATA_TITLE, f"pgcarve {metadata.role} {name}", None, None, flags)
 
     def disk_errors(self, name: str) -> dict[str, str]:

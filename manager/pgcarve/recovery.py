@@ -88,6 +88,7 @@ class Recovery:
         if not candidates:
             raise GuestNotReady(f"{inst.name}: no running standby to promote")
         positions: dict[str, int] = {}
+        promoted: list[Guest] = []  # by an earlier attempt that failed after pg_promote
         for guest in candidates:
             try:
                 with self.fleet.connect(guest, timeout_s=5) as conn:
@@ -100,12 +101,20 @@ class Recovery:
                 continue
             if row and row[0]:
                 positions[guest.name] = lsn_value(row[1])
-        if not positions:
+            elif row:
+                promoted.append(guest)
+        if promoted:
+            # Never promote a second one: finish the failover to the one that already is.
+            best = promoted[0]
+            log.warning("%s: %s on %s was already promoted; finishing that failover",
+                        inst.name, best.name, best.info.host)
+        elif not positions:
             raise GuestNotReady(f"{inst.name}: none of its standbys answers; cannot fail over")
-        best = max(candidates, key=lambda g: positions.get(g.name, -2))
+        else:
+            best = max(candidates, key=lambda g: positions.get(g.name, -2))
+            log.warning("%s: failing over to %s on %s (received WAL up to position %d)",
+                        inst.name, best.name, best.info.host, positions[best.name])
         others = [g for g in inst.standbys if g.name != best.name]
-        log.warning("%s: failing over to %s on %s (received WAL up to position %d)",
-                    inst.name, best.name, best.info.host, positions[best.name])
 
         # Fence first: the old primary must never run again as a second primary.
         old = inst.primary
@@ -113,11 +122,12 @@ class Recovery:
             progress(old.name, "fencing the old primary (removing its guest)", 0.1)
             self.fleet.remove_guest(old.info)
 
-        progress(best.name, "promoting", 0.3)
-        with self.fleet.connect(best, timeout_s=10) as conn:
-            promoted = conn.execute("select pg_promote(true, 300)").fetchone()
-            if not promoted or not promoted[0]:
-                raise GuestNotReady(f"{inst.name}: {best.name} did not finish promotion in 300 s")
+        if best not in promoted:
+            progress(best.name, "promoting", 0.3)
+            with self.fleet.connect(best, timeout_s=10) as conn:
+                done = conn.execute("select pg_promote(true, 300)").fetchone()
+                if not done or not done[0]:
+                    raise GuestNotReady(f"{inst.name}: {best.name} did not finish promotion in 300 s")
         meta = best.info.metadata
         self.fleet.hosts[best.info.host].set_metadata(best.name, replace(meta, role="primary", standby=0))
         new_primary = self.fleet.wait_sql(self.fleet.config.host(best.info.host), best.name, progress)

@@ -6,11 +6,13 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterator
+from dataclasses import replace
 from pathlib import Path
 
 import libvirt
 import pytest
 from pgcarve.config import FleetConfig, HostConfig, Paths, Recovery, Replication
+from pgcarve.domain_xml import InstanceMetadata
 from pgcarve.fleet import Fleet
 from pgcarve.recovery import lsn_value
 from pgcarve.supervisor import Incident, Supervisor
@@ -91,6 +93,28 @@ def test_half_made_instances_are_removed_on_restart(tmp_path: Path) -> None:
         assert [g.name for g in fleet.guests()] == ["pgc-01"]
         fleet.hosts["h1"].mark_complete("pgc-01")
         assert not fleet.hosts["h1"].guest("pgc-01").creating
+        fleet.close()
+    finally:
+        conn.close()
+
+
+def test_a_promoted_standby_gets_its_new_identity_in_libvirt(tmp_path: Path) -> None:
+    """Failover rewrites the guest's metadata (role, standby number) in place; both the live and
+    the persistent definition carry it, and the title follows."""
+    conn = reset_test_driver((1,))
+    try:
+        fleet = Fleet(FleetConfig(hosts=[HostConfig(name="h1", uri=URI, role="primary")],
+                                  replication=Replication(standbys=0)), Paths(tmp_path))
+        host = fleet.hosts["h1"]
+        before = host.guest("pgc-01").metadata
+        for role, number in (("standby", 2), ("primary", 0)):
+            host.set_metadata("pgc-01", replace(before, role=role, standby=number))
+            assert host.guest("pgc-01").metadata == replace(before, role=role, standby=number)
+            dom = conn.lookupByName("pgc-01")
+            for flags in (0, libvirt.VIR_DOMAIN_XML_INACTIVE):
+                assert InstanceMetadata.from_domain_xml(dom.XMLDesc(flags)) == replace(before, role=role,
+                                                                                        standby=number)
+            assert dom.metadata(libvirt.VIR_DOMAIN_METADATA_TITLE, None, 0) == f"pgcarve {role} pgc-01"
         fleet.close()
     finally:
         conn.close()
