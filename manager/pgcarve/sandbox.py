@@ -19,6 +19,7 @@ import os
 import shutil
 import signal
 import subprocess
+import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -200,14 +201,28 @@ class Sandbox:
                           "via", f"{WIRE_PREFIX}{other + 1}"])
         for pid_file in host.pid_files:
             pid_file.unlink(missing_ok=True)
-        _run(["ip", "netns", "exec", host.netns, "unshare", "--mount", "--propagation", "private",
-              "sh", "-c", _START_DAEMONS, "pgcarve-sandbox", str(host.directory)])
+        self._run_reaped(host, ["ip", "netns", "exec", host.netns, "unshare", "--mount", "--propagation", "private",
+                                "sh", "-c", _START_DAEMONS, "pgcarve-sandbox", str(host.directory)])
         lv = self._wait_libvirtd(host)
         progress(f"{host.name}: network {NETWORK_NAME} 10.77.{host.index}.0/24 and storage pool")
         lv.ensure_network(NETWORK_NAME, "pgcbr0", f"10.77.{host.index}.1", 24,
                           f"10.77.{host.index}.10", f"10.77.{host.index}.250")
         lv.ensure_pool()
         lv.close()
+
+    def _run_reaped(self, host: SandboxHost, args: list[str]) -> None:
+        """Run a command that starts daemons, under a reaper of their orphans (see reaper.py)."""
+        pid_file = host.directory / "pids" / f"reaper-{time.time_ns()}.pid"
+        _run([sys.executable, str(Path(__file__).with_name("reaper.py")), str(pid_file), *args])
+
+    def _reapers(self, host: SandboxHost) -> list[int]:
+        pids = []
+        for pid_file in (host.directory / "pids").glob("reaper-*.pid"):
+            with contextlib.suppress(FileNotFoundError, ValueError):
+                pid = int(pid_file.read_text().strip())
+                if pid_alive(pid):
+                    pids.append(pid)
+        return pids
 
     def _write_libvirt_config(self, host: SandboxHost) -> None:
         etc = host.directory / "etc"
@@ -258,7 +273,11 @@ class Sandbox:
             stop_pid(pid)
         pid_file = host.directory / "pids" / "libvirtd.pid"
         pid_file.unlink(missing_ok=True)
-        self.run_in_host(index, ["libvirtd", "-d", "-p", str(pid_file), "-f", "/etc/libvirt/libvirtd.conf"])
+        anchor = self._daemon_pid(host, "virtlogd")
+        if anchor is None:
+            raise SandboxError(f"sandbox host {host.name} is not running (no virtlogd)")
+        self._run_reaped(host, ["nsenter", "-t", str(anchor), "-m", "-n", "--",
+                                "libvirtd", "-d", "-p", str(pid_file), "-f", "/etc/libvirt/libvirtd.conf"])
         self._wait_libvirtd(host).close()
 
     def _wait_libvirtd(self, host: SandboxHost, timeout_s: float = 30) -> LibvirtHost:
@@ -303,6 +322,8 @@ class Sandbox:
             if self._netns_exists(host.netns):
                 self._stop_namespace_processes(host.netns)
                 _run(["ip", "netns", "del", host.netns], check=False)
+            for pid in self._reapers(host):  # they leave once their daemons are gone
+                stop_pid(pid)
             shutil.rmtree(host.directory, ignore_errors=True)
             shutil.rmtree(host.socket_dir, ignore_errors=True)
         if self._netns_exists(self.wire_netns):
