@@ -89,7 +89,7 @@ unit: venv
 	$(PY) -m pytest tests/unit -q
 
 test: deps image tools lint
-	$(PY) -m pytest tests -q -m 'not unfinished'
+	$(PY) -m pytest tests -q --durations=15
 
 # The fault tests alone (make test runs them too): their own sandbox, an instance, then the faults.
 test-faults: deps image

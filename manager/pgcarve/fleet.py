@@ -542,18 +542,35 @@ class Fleet:
             self.remove_guest(guest.info)
 
     def discard_half_made(self) -> list[str]:
-        """After a manager crash: remove instances a killed scale operation left half-made (a guest
-        still marked "creating"), and volumes of this fleet that no guest uses. Neither ever held
-        an acknowledged commit: an instance is marked complete only once it is whole.
+        """After a manager crash: remove what a killed operation left half-built (guests still
+        marked "creating"), and volumes of this fleet that no guest uses.
+
+        An instance whose guests are *all* marked was being created by a scale-up and never
+        finished: it never held an acknowledged commit, so it goes whole. Otherwise the instance
+        holds data: only a standby that was being rebuilt goes (the HA loop builds it again),
+        and a primary still marked is one whose marking was cut short, so it is marked complete.
 
         Call before any operation runs (manager start, `pgcarve up`): it assumes nothing is being
         built right now."""
         removed = []
         guests = self.guests()
-        for index in sorted({g.metadata.index for g in guests if g.creating and g.metadata.created_by == "manager"}):
-            names = sorted(g.name for g in guests if g.metadata.index == index)
-            self.discard_instance(index)
-            removed.append(f"half-made instance {instance_name(self.config.fleet, index)} ({', '.join(names)})")
+        marked = {g.metadata.index for g in guests if g.creating and g.metadata.created_by == "manager"}
+        for index in sorted(marked):
+            members = [g for g in guests if g.metadata.index == index]
+            name = instance_name(self.config.fleet, index)
+            if all(g.creating for g in members):
+                self.discard_instance(index)
+                removed.append(f"half-made instance {name} ({', '.join(sorted(g.name for g in members))})")
+                continue
+            for guest in members:
+                if not guest.creating:
+                    continue
+                if guest.metadata.role == "standby":
+                    self.remove_guest(guest)
+                    removed.append(f"half-built standby {guest.name} of {name} on {guest.host} "
+                                   "(the instance keeps its data; the standby is built again)")
+                else:
+                    self.hosts[guest.host].mark_complete(guest.name)
         prefix = f"{self.config.fleet}-"
         for host_name, lv in self.hosts.items():
             for volume in sorted(lv.volume_names()):

@@ -55,7 +55,15 @@ class Recovery:
         if lv.defined(name):
             self.fleet.remove_guest(lv.guest(name))
         progress(name, f"rebuilding from {primary.name}", 0.1)
-        return self.fleet.create_standby(primary, host, name, number, progress)
+        return self.build_standby(primary, host, name, number, progress)
+
+    def build_standby(self, primary: Guest, host: HostConfig, name: str, number: int,
+                      progress: Progress = no_progress) -> Guest:
+        """A new standby for a whole instance, marked complete once it replays: if the manager
+        dies before that, only this standby is half-built, never the instance."""
+        guest = self.fleet.create_standby(primary, host, name, number, progress)
+        self.fleet.hosts[host.name].mark_complete(name)
+        return guest
 
     def missing_standbys(self, inst: Instance) -> list[tuple[HostConfig, str, int]]:
         """(host, name, number) for each standby the instance should have but has no guest for.
@@ -155,7 +163,7 @@ class Recovery:
         if replacement is not None:
             host, name, number = replacement
             progress(name, f"building a new standby on {host.name}", 0.5)
-            self.fleet.create_standby(new_primary, host, name, number, progress)
+            self.build_standby(new_primary, host, name, number, progress)
         return new_primary
 
     def follow(self, standby: Guest, primary: Guest) -> None:

@@ -22,12 +22,14 @@ TOKEN = "unit-test-token-0123456789"
 AUTH = {"Authorization": f"Bearer {TOKEN}"}
 
 
-def define(conn: libvirt.virConnect, index: int, creating: bool = False) -> None:
-    """A running primary on the test driver, as the manager defines it."""
-    name = f"pgc-{index:02d}"
+def define(conn: libvirt.virConnect, index: int, creating: bool = False, standby: int = 0) -> None:
+    """A running primary (or standby `standby`) on the test driver, as the manager defines it."""
+    cluster = f"pgc-{index:02d}"
+    name = f"{cluster}-s{standby}" if standby else cluster
     spec = DomainSpec(
         name=name, domain_type="qemu",
-        metadata=InstanceMetadata(fleet="pgc", cluster=name, role="primary", index=index),
+        metadata=InstanceMetadata(fleet="pgc", cluster=cluster, role="standby" if standby else "primary",
+                                  index=index, standby=standby),
         memory_mib=1024, vcpu_pins=(index,), emulator_cpus=(0,), numa_node=0,
         kernel="/nonexistent/vmlinuz", initrd="/nonexistent/initrd", disks=(),
         nics=(Nic("default", mac_for("pgc", name)),), creating=creating,

@@ -98,6 +98,30 @@ def test_half_made_instances_are_removed_on_restart(tmp_path: Path) -> None:
         conn.close()
 
 
+def test_a_half_built_standby_never_takes_its_instance_with_it(tmp_path: Path) -> None:
+    """A manager killed while rebuilding a standby (or while marking a new instance complete)
+    leaves an instance that holds data: only the unfinished standby goes."""
+    conn = reset_test_driver((1, 2))
+    try:
+        define(conn, 1, standby=1, creating=True)  # being rebuilt for a whole instance
+        define(conn, 1, standby=2)
+        define(conn, 2, standby=1)  # pgc-02: its standby was marked complete, then the manager died
+        conn.lookupByName("pgc-02").destroy()
+        conn.lookupByName("pgc-02").undefine()
+        define(conn, 2, creating=True)  # before it marked the primary
+        fleet = Fleet(FleetConfig(hosts=[HostConfig(name="h1", uri=URI, role="primary")],
+                                  replication=Replication(standbys=0)), Paths(tmp_path))
+        removed = fleet.discard_half_made()
+        assert removed == ["half-built standby pgc-01-s1 of pgc-01 on h1 "
+                           "(the instance keeps its data; the standby is built again)"]
+        guests = {g.name: g for g in fleet.guests()}
+        assert sorted(guests) == ["pgc-01", "pgc-01-s2", "pgc-02", "pgc-02-s1"]
+        assert not any(g.creating for g in guests.values())
+        fleet.close()
+    finally:
+        conn.close()
+
+
 def test_a_promoted_standby_gets_its_new_identity_in_libvirt(tmp_path: Path) -> None:
     """Failover rewrites the guest's metadata (role, standby number) in place; both the live and
     the persistent definition carry it, and the title follows."""
