@@ -93,7 +93,7 @@ test: deps image tools lint
 
 # The fault tests alone (make test runs them too): their own sandbox, an instance, then the faults.
 test-faults: deps image
-	$(PY) -m pytest tests/integration/test_faults.py -q -m 'integration'
+	$(PY) -m pytest tests/integration/test_faults.py -q
 
 bench: deps image
 	$(PY) -m pgcarve.bench $(BENCH_ARGS)

@@ -237,7 +237,6 @@ def cmd_plan(args: argparse.Namespace, paths: Paths) -> int:
 
 
 def cmd_load(args: argparse.Namespace, paths: Paths) -> int:
-
     from pgcarve.load import run_on_primaries
 
     fleet = Fleet(load_config(paths, args.hosts_file), paths)

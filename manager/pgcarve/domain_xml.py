@@ -73,10 +73,6 @@ class InstanceMetadata:
             },
         )
 
-    def to_xml(self) -> str:
-        """The metadata element alone, namespace-qualified (as it appears in the domain XML)."""
-        return ET.tostring(self.element(), encoding="unicode")
-
     def to_set_metadata(self) -> str:
         """The element for virDomainSetMetadata: unqualified, because libvirt adds the namespace
         from its key/uri arguments and refuses an element that already declares the prefix."""

@@ -245,21 +245,24 @@ class Sandbox:
 
     # -- fault injection and inspection (tests, operators reproducing a fault) --------------
 
-    def run_in_host(self, index: int, args: list[str], check: bool = True) -> subprocess.CompletedProcess[str]:
-        """Run a command inside sandbox host `index`'s network and mount namespaces."""
-        host = self.host(index)
-        anchor = self._daemon_pid(host, "virtlogd")  # lives as long as the host's namespaces
+    def _anchor(self, host: SandboxHost) -> int:
+        """A process inside the host's namespaces: virtlogd lives as long as they do."""
+        anchor = self._daemon_pid(host, "virtlogd")
         if anchor is None:
             raise SandboxError(f"sandbox host {host.name} is not running (no virtlogd)")
-        return _run(["nsenter", "-t", str(anchor), "-m", "-n", "--", *args], check=check)
+        return anchor
+
+    def _nsenter(self, host: SandboxHost) -> list[str]:
+        return ["nsenter", "-t", str(self._anchor(host)), "-m", "-n", "--"]
+
+    def run_in_host(self, index: int, args: list[str], check: bool = True) -> subprocess.CompletedProcess[str]:
+        """Run a command inside sandbox host `index`'s network and mount namespaces."""
+        return _run([*self._nsenter(self.host(index)), *args], check=check)
 
     def qemu_pid(self, index: int, guest: str) -> int:
         """The PID of a guest's QEMU process (libvirt's pid file in the host's private /run)."""
         host = self.host(index)
-        anchor = self._daemon_pid(host, "virtlogd")
-        if anchor is None:
-            raise SandboxError(f"sandbox host {host.name} is not running (no virtlogd)")
-        pid_file = Path(f"/proc/{anchor}/root/run/libvirt/qemu/{guest}.pid")
+        pid_file = Path(f"/proc/{self._anchor(host)}/root/run/libvirt/qemu/{guest}.pid")
         try:
             return int(pid_file.read_text().strip())
         except (FileNotFoundError, ValueError):
@@ -273,10 +276,7 @@ class Sandbox:
             stop_pid(pid)
         pid_file = host.directory / "pids" / "libvirtd.pid"
         pid_file.unlink(missing_ok=True)
-        anchor = self._daemon_pid(host, "virtlogd")
-        if anchor is None:
-            raise SandboxError(f"sandbox host {host.name} is not running (no virtlogd)")
-        self._run_reaped(host, ["nsenter", "-t", str(anchor), "-m", "-n", "--",
+        self._run_reaped(host, [*self._nsenter(host),
                                 "libvirtd", "-d", "-p", str(pid_file), "-f", "/etc/libvirt/libvirtd.conf"])
         self._wait_libvirtd(host).close()
 
