@@ -161,7 +161,10 @@ def test_api_aggregate_tps_matches_pgbench(carve_env: CarveEnv) -> None:
     # Rates are per second of each sample's own poll interval (window_s), so the integral is
     # the transaction count even when the collector's polls were late under load.
     api_transactions = sum(p["aggregate_tps"] * p["window_s"] for p in window)
-    assert window[-1]["aggregate_tps"] < 1, "load was still arriving when the window closed"
+    # Background work is real work the API counts (autovacuum analyses `test` after the inserts,
+    # ~2 TPS for a moment): "idle" means far below pgbench's rate, not zero.
+    pgbench_rate = sum(r.transactions for r in results) / seconds
+    assert window[-1]["aggregate_tps"] < 0.1 * pgbench_rate, "load was still arriving when the window closed"
     # The API counts every transaction PostgreSQL counts, which pgbench does not report: per
     # run, run_pgbench's CREATE TABLE session (start-up + statement), pgbench's main session,
     # and per client a start-up plus its PREPARE (-M prepared). Measured on PostgreSQL 15:
