@@ -35,12 +35,23 @@ class FleetMetrics(Collector):
                                     "the collector's own excluded", labels=["instance", "host"])
         calls = CounterMetricFamily("pgcarve_statements", "Statements executed (pg_stat_statements calls), "
                                     "the collector's own excluded", labels=["instance", "host"])
+        # Placeholders (the lead replaces the values): what clients did, background work subtracted.
+        client_xacts = CounterMetricFamily("pgcarve_client_xact", "Transactions (commit + rollback) clients ran "
+                                           "on the instance's primary, background work excluded",
+                                           labels=["instance", "host"])
+        client_calls = CounterMetricFamily("pgcarve_client_statements", "Statements clients executed "
+                                           "(pg_stat_statements calls), background work excluded",
+                                           labels=["instance", "host"])
         for name, (host, sample) in sorted(latest.items()):
             xacts.add_metric([name, host], float(sample.xacts))
+            client_xacts.add_metric([name, host], float(sample.xacts))
             if sample.calls is not None:
                 calls.add_metric([name, host], float(sample.calls))
+                client_calls.add_metric([name, host], float(sample.calls))
         yield xacts
         yield calls
+        yield client_xacts
+        yield client_calls
 
         lag = GaugeMetricFamily("pgcarve_standby_replay_lag_bytes", "WAL bytes a standby has not replayed yet",
                                 labels=["instance", "standby", "sync_state"])
