@@ -21,7 +21,7 @@ API_PORT ?= 8080
 
 APT_PACKAGES := qemu-system-x86 qemu-utils libvirt-daemon-system libvirt-clients libvirt-dev \
 	pkg-config gcc dnsmasq-base xsltproc mmdebstrap e2fsprogs genisoimage \
-	postgresql-15 postgresql-client iproute2 python3-venv python3-dev ca-certificates chromium
+	postgresql-15 postgresql-client iproute2 python3-venv python3-dev ca-certificates chromium prometheus
 
 .PHONY: help deps apt venv image vendor tools demo down test test-faults lint unit integration bench clean
 
