@@ -1,0 +1,213 @@
+"""A live pgcarve API on libvirt's test driver: the real app and ManagerService, served by uvicorn
+on 127.0.0.1, for the browser and monitoring tests.
+
+No guest boots: each instance is a running domain carrying pgcarve metadata on test:///default
+(the driver's state lives in this process while a connection is open), and throughput is fed
+straight into the service's RateTracker with growing counters, once a second. The service never
+polls PostgreSQL (collect=False): the test driver hands out addresses of a real private range
+(192.168.122.x), and nothing may connect there. Tests that need the collector's facts (commits
+waiting, standbys, poll errors) install a FakeCollector (tests/utils/fakes.py) instead.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import socket
+import threading
+import time
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import libvirt
+import uvicorn
+from pgcarve.collector import Target
+from pgcarve.config import FleetConfig, Paths
+from pgcarve.domain_xml import DomainSpec, InstanceMetadata, Nic, mac_for
+from pgcarve.rates import Sample
+from pgcarve.service import ManagerService
+from pgcarve_api.main import create_app
+from pgcarve_api.settings import Settings
+
+TEST_URI = "test:///default"
+TOKEN = "test-token"
+INSTANCES = ("pgc-01", "pgc-02")
+# Roughly what each instance does (TPS); QPS is a multiple of it. Enough for "K" headlines.
+BASE_TPS = {"pgc-01": 9000.0, "pgc-02": 3500.0}
+QUERIES_PER_XACT = {"pgc-01": 6.0, "pgc-02": 2.0}
+# test:///default lists 16 CPUs, but its node CPU map (and so vcpuPinInfo) only covers 0-7;
+# CPU 0 is left to emulator threads.
+PINNABLE_CPUS = tuple(range(1, 8))
+
+
+@dataclass
+class LiveApi:
+    base_url: str
+    token: str
+    service: ManagerService
+    instances: tuple[str, ...]
+    capacity: int
+    conn: libvirt.virConnect = field(repr=False)
+    feeder: Feeder = field(repr=False)
+
+    def domain(self, name: str) -> libvirt.virDomain:
+        return self.conn.lookupByName(name)
+
+
+def instance_names(count: int) -> tuple[str, ...]:
+    return tuple(f"pgc-{index:02d}" for index in range(1, count + 1))
+
+
+def define_instances(conn: libvirt.virConnect, service: ManagerService, names: Sequence[str]) -> list[str]:
+    """Define and start one primary per instance, with pgcarve's metadata, on NUMA node 0.
+
+    Instance i gets the next `vcpus` CPUs of PINNABLE_CPUS, wrapping round: not where the
+    planner would put it (the driver has too few pinnable CPUs), but pinned as a real one is.
+    """
+    vcpus = service.config.instance.vcpus
+    plan, _slot = service.fleet.slot("h1", 1)
+    defined = []
+    for index, name in enumerate(names, start=1):
+        first = vcpus * (index - 1)
+        pins = tuple(PINNABLE_CPUS[(first + k) % len(PINNABLE_CPUS)] for k in range(vcpus))
+        spec = DomainSpec(
+            name=name,
+            domain_type="qemu",
+            metadata=InstanceMetadata(fleet="pgc", cluster=name, role="primary", index=index),
+            memory_mib=service.config.instance.memory_mib,
+            vcpu_pins=pins,
+            emulator_cpus=tuple(c for c in plan.emulator_cpus if c < 8) or (0,),
+            numa_node=0,
+            kernel="/nonexistent/vmlinuz",
+            initrd="/nonexistent/initrd.img",
+            disks=(),
+            nics=(Nic("default", mac_for("pgc", name)),),
+        )
+        conn.defineXML(spec.to_xml()).create()
+        defined.append(name)
+    return defined
+
+
+def remove_instances(conn: libvirt.virConnect, names: Sequence[str]) -> None:
+    for name in names:
+        try:
+            dom = conn.lookupByName(name)
+            if dom.isActive():
+                dom.destroy()
+            dom.undefine()
+        except libvirt.libvirtError:
+            pass
+
+
+class Feeder:
+    """Feeds the service like the collector would, once a second: each instance's counters to the
+    RateTracker and to the collector's on_sample hooks (the /metrics exporter), then record()."""
+
+    def __init__(self, service: ManagerService, names: Sequence[str], host: str = "h1"):
+        self.service = service
+        self.tracker = service.tracker
+        self.names = list(names)
+        self.host = host
+        self.xacts = dict.fromkeys(self.names, 1_000_000)
+        self.calls = dict.fromkeys(self.names, 6_000_000)
+        self.last = time.monotonic()
+        self.stop = threading.Event()
+        self.thread = threading.Thread(target=self._run, name="tps-feeder", daemon=True)
+
+    def tps(self, name: str, i: int, now: float) -> float:
+        return BASE_TPS.get(name, 500.0 + 40.0 * (i % 50)) * (1 + 0.2 * math.sin(now / 3 + 2 * i))
+
+    def feed_once(self) -> None:
+        now = time.monotonic()
+        dt = now - self.last
+        self.last = now
+        hooks = list(getattr(self.service.collector, "on_sample", []))
+        for i, name in enumerate(self.names):
+            tps = self.tps(name, i, now)
+            qpx = QUERIES_PER_XACT.get(name, 4.0) * (1 + 0.3 * math.cos(now / 2 + i))
+            self.xacts[name] += int(tps * dt)
+            self.calls[name] += int(tps * dt * qpx)
+            sample = Sample(instance=name, monotonic=now, wall=time.time(), xacts=self.xacts[name],
+                            calls=self.calls[name], replay_lag_bytes=None, epoch="live-api-test")
+            self.tracker.observe(sample)
+            for hook in hooks:
+                hook(Target(instance=name, host=self.host, dsn=""), sample)
+        self.tracker.record()
+
+    def _run(self) -> None:
+        while not self.stop.wait(1.0):
+            self.feed_once()
+
+    def start(self) -> None:
+        self.feed_once()  # baselines (instances join with no rate yet)
+        self.thread.start()
+
+    def close(self) -> None:
+        self.stop.set()
+        self.thread.join(5)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@contextlib.contextmanager
+def serve_live_api(state_dir: Path, names: Sequence[str] = INSTANCES, *, vcpus: int = 2, memory_mib: int = 1024,
+                   prepare: Callable[[ManagerService], None] | None = None) -> Iterator[LiveApi]:
+    """The app and a ManagerService on test:///default with `names` running, on a free loopback
+    port. `prepare` runs before the app starts (e.g. to install fakes on the service).
+
+    The caller sets PGCARVE_IMAGE_DIR to a directory without an image, so a scale-up is accepted
+    and then fails fast with ImageMissing.
+    """
+    config = FleetConfig.model_validate({
+        "hosts": [{"name": "h1", "uri": TEST_URI, "role": "primary"}],
+        "instance": {"vcpus": vcpus, "memory_mib": memory_mib},
+        "replication": {"standbys": 0},
+    })
+    # Keep one connection open for the whole test: test:///default's state is shared by every
+    # connection of this process and is reset when the last one closes.
+    conn = libvirt.open(TEST_URI)
+    service = ManagerService(config, Paths(state_dir), collect=False, refresh_s=0.2, supervise=False)
+    defined: list[str] = []
+    server: uvicorn.Server | None = None
+    thread: threading.Thread | None = None
+    feeder: Feeder | None = None
+    try:
+        defined = define_instances(conn, service, names)
+        service.start()
+        if prepare is not None:
+            prepare(service)
+        app = create_app(Settings(state_dir=state_dir, token=TOKEN), service=service)
+        sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+        server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning",
+                                               lifespan="on", timeout_graceful_shutdown=2))
+        thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, name="uvicorn", daemon=True)
+        thread.start()
+        deadline = time.monotonic() + 10
+        while not server.started:
+            if time.monotonic() > deadline or not thread.is_alive():
+                raise RuntimeError("the API server did not start within 10 s")
+            time.sleep(0.05)
+        # After the app started: its /metrics exporter has subscribed to the collector's samples.
+        feeder = Feeder(service, defined)
+        feeder.start()
+        yield LiveApi(base_url=f"http://127.0.0.1:{port}", token=TOKEN, service=service,
+                      instances=tuple(defined), capacity=service.fleet.capacity(), conn=conn, feeder=feeder)
+    finally:
+        if server is not None:
+            server.should_exit = True
+        if thread is not None:
+            thread.join(10)
+        if feeder is not None:
+            feeder.close()
+        service.wait_idle(10)
+        service.stop()
+        remove_instances(conn, defined)
+        conn.close()
