@@ -9,18 +9,11 @@ API's 401, 409 and 202 answers. A screenshot lands in tests/output/dashboard.png
 from __future__ import annotations
 
 import re
-from pathlib import Path
 from urllib.parse import urlsplit
 
 import pytest
 
-CHROMIUM = Path("/usr/bin/chromium")
-STATIC = Path(__file__).resolve().parents[2] / "api" / "pgcarve_api" / "static"
-OUTPUT = Path(__file__).resolve().parents[1] / "output"
-CHROMIUM_ARGS = [
-    "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-    "--disable-background-networking", "--disable-component-update", "--disable-sync",
-]
+from tests.browser.conftest import CHROMIUM, OUTPUT
 
 pytestmark = pytest.mark.browser
 
@@ -29,20 +22,7 @@ if not CHROMIUM.exists():
                 allow_module_level=True)
 
 # Only now: without Chromium the module is skipped, but a missing playwright is an error.
-from playwright import sync_api  # noqa: E402
 from playwright.sync_api import expect  # noqa: E402
-
-
-@pytest.fixture(scope="module")
-def browser():
-    if not (STATIC / "vendor" / "uPlot.iife.min.js").exists():
-        pytest.fail("static/vendor/ is not built: run api/pgcarve_api/static/build-vendor.sh (make vendor)")
-    with sync_api.sync_playwright() as pw:
-        browser = pw.chromium.launch(executable_path=str(CHROMIUM), headless=True, args=CHROMIUM_ARGS)
-        try:
-            yield browser
-        finally:
-            browser.close()
 
 
 def chart_state(page):
@@ -89,6 +69,8 @@ def test_dashboard_live(browser, live_api):
             expect(row.get_by_test_id("cell-qps")).to_have_text(re.compile(r"^\d+(\.\d)?K$"))
             expect(row.get_by_test_id("cell-standbys")).to_have_text("none")
         expect(page.get_by_test_id("instance-count")).to_have_text(str(len(live_api.instances)))
+        # This service runs without its HA loop: the incidents panel says so rather than "no incident".
+        expect(page.get_by_test_id("incidents-empty")).to_have_text(re.compile(r"^The HA loop is off"))
 
         # The chart moves on: its x-range advances by the seconds that pass.
         before = chart_state(page)

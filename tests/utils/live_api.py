@@ -104,7 +104,8 @@ class Feeder:
     """Feeds the service like the collector would, once a second: each instance's counters to the
     RateTracker and to the collector's on_sample hooks (the /metrics exporter), then record()."""
 
-    def __init__(self, service: ManagerService, names: Sequence[str], host: str = "h1"):
+    def __init__(self, service: ManagerService, names: Sequence[str], host: str = "h1",
+                 tps: Callable[[str, int, float], float] | None = None):
         self.service = service
         self.tracker = service.tracker
         self.names = list(names)
@@ -114,8 +115,11 @@ class Feeder:
         self.last = time.monotonic()
         self.stop = threading.Event()
         self.thread = threading.Thread(target=self._run, name="tps-feeder", daemon=True)
+        self.tps = tps or self.varying_tps
 
-    def tps(self, name: str, i: int, now: float) -> float:
+    @staticmethod
+    def varying_tps(name: str, i: int, now: float) -> float:
+        """Instance i's TPS at monotonic time `now`: its own level, +-20% over a few seconds."""
         return BASE_TPS.get(name, 500.0 + 40.0 * (i % 50)) * (1 + 0.2 * math.sin(now / 3 + 2 * i))
 
     def feed_once(self) -> None:
@@ -156,9 +160,11 @@ def free_port() -> int:
 
 @contextlib.contextmanager
 def serve_live_api(state_dir: Path, names: Sequence[str] = INSTANCES, *, vcpus: int = 2, memory_mib: int = 1024,
-                   prepare: Callable[[ManagerService], None] | None = None) -> Iterator[LiveApi]:
+                   prepare: Callable[[ManagerService], None] | None = None,
+                   tps: Callable[[str, int, float], float] | None = None) -> Iterator[LiveApi]:
     """The app and a ManagerService on test:///default with `names` running, on a free loopback
-    port. `prepare` runs before the app starts (e.g. to install fakes on the service).
+    port. `prepare` runs before the app starts (e.g. to install fakes on the service); `tps`
+    gives instance i's TPS at a moment (default: Feeder.varying_tps).
 
     The caller sets PGCARVE_IMAGE_DIR to a directory without an image, so a scale-up is accepted
     and then fails fast with ImageMissing.
@@ -171,6 +177,9 @@ def serve_live_api(state_dir: Path, names: Sequence[str] = INSTANCES, *, vcpus: 
     # Keep one connection open for the whole test: test:///default's state is shared by every
     # connection of this process and is reset when the last one closes.
     conn = libvirt.open(TEST_URI)
+    # Whatever an earlier test of this process left on the shared driver (a connection still
+    # open keeps its domains) would be taken for part of this fleet.
+    remove_instances(conn, [dom.name() for dom in conn.listAllDomains()])
     service = ManagerService(config, Paths(state_dir), collect=False, refresh_s=0.2, supervise=False)
     defined: list[str] = []
     server: uvicorn.Server | None = None
@@ -196,7 +205,7 @@ def serve_live_api(state_dir: Path, names: Sequence[str] = INSTANCES, *, vcpus: 
                 raise RuntimeError("the API server did not start within 10 s")
             time.sleep(0.05)
         # After the app started: its /metrics exporter has subscribed to the collector's samples.
-        feeder = Feeder(service, defined)
+        feeder = Feeder(service, defined, tps=tps)
         feeder.start()
         yield LiveApi(base_url=f"http://127.0.0.1:{port}", token=TOKEN, service=service,
                       instances=tuple(defined), capacity=service.fleet.capacity(), conn=conn, feeder=feeder)

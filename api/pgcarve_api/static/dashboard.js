@@ -2,7 +2,8 @@
  *
  * Data: /v1/tps/history once on load, then the SSE stream /v1/events (aggregate + per-instance
  * rates, instance count, running operations); /v1/instances every 2 s for placement and
- * replication; /v1/operations/{id} for operations this page follows until they finish.
+ * replication; /v1/incidents every 2 s; /v1/operations/{id} for operations this page follows
+ * until they finish.
  * Chart: uPlot (static/vendor/, built by build-vendor.sh), exposed as window.pgcarveChart.
  * The API token lives in sessionStorage only and is sent as a Bearer header, never in a URL.
  * Every API string is rendered with textContent, never as HTML.
@@ -14,10 +15,14 @@
   const INSTANCES_EVERY_MS = 2000;
   const HOSTS_EVERY_MS = 10000;
   const OPS_EVERY_MS = 1000;
+  const INCIDENTS_EVERY_MS = 2000;
   const STALE_AFTER_MS = 5000;     // no event for this long: say so
   const MAX_OPS_SHOWN = 6;
   const TOKEN_KEY = "pgcarve.apiToken";
   const CHART_HEIGHT = 250;
+  const SPARK_POINTS = 60;         // sparkline span: one point a second
+  const SPARK_W = 96;              // sparkline size, CSS pixels
+  const SPARK_H = 22;
 
   const $ = (id) => document.querySelector(`[data-testid="${id}"]`);
 
@@ -142,9 +147,11 @@
     data: [[], [], []],     // uPlot columns: at, aggregate tps, aggregate qps
     lastEventMs: 0,
     polling: null,
+    supervising: null,      // is the HA loop on (from /v1/hosts' watching_events)?
   };
   let chart = null;
   let opSeq = 0;
+  const timings = {};  // ms of the last table render, view update and sparkline pass (tests read them)
 
   // -- connection status -------------------------------------------------------------------
 
@@ -288,7 +295,8 @@
     addPoint(doc);
     if (Number.isInteger(doc.instance_count)) setCount(doc.instance_count);
     if (Array.isArray(doc.operations)) mergeActiveOps(doc.operations);
-    renderInstances();
+    addSparkPoints(doc);
+    renderRates();
   }
 
   async function loadHistory() {
@@ -300,6 +308,7 @@
         if (xs.length && doc.at - xs[xs.length - 1] < 0.9) continue;
         xs.push(doc.at); tps.push(doc.aggregate_tps); qps.push(doc.aggregate_qps);
       }
+      for (const doc of r.data.slice(-SPARK_POINTS)) addSparkPoints(doc);
       trimWindow();
       redraw();
       const latest = r.data[r.data.length - 1];
@@ -356,6 +365,16 @@
   }
 
   // -- instances table ---------------------------------------------------------------------
+  //
+  // Built for hundreds of rows: each instance keeps its row and cells, which are updated in place
+  // (text only when it changed); rows are re-ordered and filtered without being rebuilt, and the
+  // TPS sparklines are small canvases redrawn once a second for the rows on show. The order is
+  // applied when the instances are read again (every 2 s) or a header is clicked, not on every
+  // rate update, so rows do not jump under the reader each second.
+
+  const rows = new Map();   // name -> {tr, cells, canvas, stateKey, standbysKey, filterText}
+  const table = { sortKey: "name", sortDir: 1, filter: "", order: [] };
+  const NUMERIC_SORTS = new Set(["tps", "qps", "lag", "cpus"]);
 
   async function loadInstances() {
     const error = $("instances-error");
@@ -390,6 +409,14 @@
     return wrap;
   }
 
+  /** Problems first when sorted ascending: not running, writes waiting, being repaired, fine. */
+  function stateRank(inst) {
+    if (inst.state !== "running") return 0;
+    if (inst.writes && inst.writes.startsWith("waiting")) return 1;
+    if (inst.incident) return 2;
+    return 3;
+  }
+
   function standbyCell(standbys) {
     if (!standbys || !standbys.length) return el("span", { class: "muted", text: "none" });
     const wrap = el("div");
@@ -403,55 +430,278 @@
     return wrap;
   }
 
-  function cell(testid, cls, ...content) {
-    return el("td", { "data-testid": testid, class: cls }, ...content);
+  function instanceLag(inst) {
+    const rate = state.rates[inst.name];
+    if (rate && Number.isFinite(rate.replay_lag_bytes)) return rate.replay_lag_bytes;
+    const lags = (inst.standbys || []).map((s) => s.replay_lag_bytes).filter(Number.isFinite);
+    return lags.length ? Math.max(...lags) : null;
+  }
+
+  function setText(node, text) {
+    if (node.textContent !== text) node.textContent = text;
+  }
+
+  function makeRow(name) {
+    const td = (testid, cls) => el("td", { "data-testid": testid, class: cls || null });
+    const cells = {
+      name: td("cell-name", "name"), host: td("cell-host"), state: td("cell-state"), cpus: td("cell-cpus"),
+      memory: td("cell-memory"), tps: td("cell-tps", "num"), spark: td("cell-spark", "spark"),
+      qps: td("cell-qps", "num"), standbys: td("cell-standbys"), lag: td("cell-lag", "num"),
+    };
+    cells.name.append(el("span"));
+    cells.cpus.append(el("code"));
+    cells.qps.append(el("span"));
+    const canvas = el("canvas", {
+      "data-testid": "sparkline", width: String(SPARK_W), height: String(SPARK_H),
+      role: "img", "aria-label": `${name}: transactions per second, last ${SPARK_POINTS} seconds`,
+    });
+    cells.spark.append(canvas);
+    const tr = el("tr", { "data-testid": "instance-row", "data-instance": name },
+      cells.name, cells.host, cells.state, cells.cpus, cells.memory, cells.tps, cells.spark, cells.qps,
+      cells.standbys, cells.lag);
+    return { tr, cells, canvas, standbysKey: null, stateKey: null, filterText: "" };
+  }
+
+  /** Placement, state and standbys: from /v1/instances (every 2 s). */
+  function updateRow(row, inst) {
+    const c = row.cells;
+    const cpus = inst.vcpus || [];
+    setText(c.name.firstChild, inst.name);
+    c.name.firstChild.title = inst.dsn || "";
+    setText(c.host, inst.host || "—");
+    const stateKey = `${inst.state}|${inst.writes}|${inst.incident}`;
+    if (row.stateKey !== stateKey) { row.stateKey = stateKey; c.state.replaceChildren(stateCell(inst)); }
+    setText(c.cpus.firstChild, cpus.length ? cpuset(cpus) : "—");
+    c.cpus.firstChild.title = `${cpus.length} vCPU(s)`;
+    setText(c.memory, humanBytes((inst.memory_mib || 0) * 1048576));
+    const standbysKey = JSON.stringify(inst.standbys || []);
+    if (row.standbysKey !== standbysKey) { row.standbysKey = standbysKey; c.standbys.replaceChildren(standbyCell(inst.standbys)); }
+    row.filterText = [inst.name, inst.host, inst.state, inst.writes, inst.incident, cpuset(cpus),
+      ...(inst.standbys || []).flatMap((s) => [s.name, s.host, s.state, s.sync_state])]
+      .filter(Boolean).join(" ").toLowerCase();
+  }
+
+  /** Rates and lag: from every tps document (once a second). */
+  function updateRates(row, inst) {
+    const rate = state.rates[inst.name] || null;
+    setText(row.cells.tps, rate ? human(rate.tps) : "—");
+    const qps = row.cells.qps.firstChild;
+    setText(qps, rate ? (rate.qps === null ? "n/a" : human(rate.qps)) : "—");
+    qps.title = rate && rate.qps === null ? "pg_stat_statements is not installed" : "";
+    setText(row.cells.lag, humanBytes(instanceLag(inst)));
+  }
+
+  function sortValue(inst) {
+    const rate = state.rates[inst.name];
+    switch (table.sortKey) {
+      case "host": return inst.host || "";
+      case "state": return stateRank(inst);
+      case "cpus": return inst.vcpus && inst.vcpus.length ? Math.min(...inst.vcpus) : null;
+      case "tps": return rate ? rate.tps : null;
+      case "qps": return rate && rate.qps !== null ? rate.qps : null;
+      case "lag": return instanceLag(inst);
+      default: return inst.name;
+    }
+  }
+
+  const collator = new Intl.Collator(undefined, { numeric: true });
+
+  function compareInstances(a, b) {
+    const va = sortValue(a);
+    const vb = sortValue(b);
+    // Unknown values last, whichever the direction.
+    if (va === null || vb === null) return va === vb ? collator.compare(a.name, b.name) : (va === null ? 1 : -1);
+    const c = typeof va === "number" ? va - vb : collator.compare(va, vb);
+    return c !== 0 ? c * table.sortDir : collator.compare(a.name, b.name);
+  }
+
+  /** Order and filter the rows (no row is rebuilt); "N of M" under the filter. */
+  function applyView() {
+    const started = performance.now();
+    const body = $("instances-body");
+    const sorted = [...state.instances].sort(compareInstances);
+    const words = table.filter.toLowerCase().split(/\s+/).filter(Boolean);
+    let shown = 0;
+    for (const inst of sorted) {
+      const row = rows.get(inst.name);
+      const match = words.every((w) => row.filterText.includes(w));
+      if (row.tr.hidden === match) row.tr.hidden = !match;
+      if (match) shown += 1;
+    }
+    const order = sorted.map((inst) => inst.name);
+    if (order.length !== table.order.length || order.some((name, i) => name !== table.order[i])) {
+      body.append(...order.map((name) => rows.get(name).tr));  // moves rows; nothing is re-created
+      table.order = order;
+    }
+    const total = state.instances.length;
+    $("instance-filter-count").textContent = words.length ? `${shown} of ${total} shown` : `${total} instances`;
+    $("instances-empty").hidden = total > 0;
+    $("instances-nomatch").hidden = !(total > 0 && shown === 0);
+    for (const th of document.querySelectorAll("th[data-sort]")) {
+      const active = th.dataset.sort === table.sortKey;
+      th.setAttribute("aria-sort", active ? (table.sortDir > 0 ? "ascending" : "descending") : "none");
+    }
+    timings.applyViewMs = performance.now() - started;
   }
 
   function renderInstances() {
-    const body = $("instances-body");
-    const rows = new Map([...body.children].map((tr) => [tr.dataset.instance, tr]));
+    const started = performance.now();
     const seen = new Set();
     for (const inst of state.instances) {
       seen.add(inst.name);
-      const rate = state.rates[inst.name] || null;
-      const lags = (inst.standbys || []).map((s) => s.replay_lag_bytes).filter(Number.isFinite);
-      const lag = rate && Number.isFinite(rate.replay_lag_bytes) ? rate.replay_lag_bytes
-        : (lags.length ? Math.max(...lags) : null);
-      const qpsText = rate ? (rate.qps === null ? "n/a" : human(rate.qps)) : "—";
-      const cpus = inst.vcpus || [];
-      const cells = [
-        cell("cell-name", "name", el("span", { text: inst.name, title: inst.dsn || "" })),
-        cell("cell-host", "", inst.host || "—"),
-        cell("cell-state", "", stateCell(inst)),
-        cell("cell-cpus", "", el("code", { text: cpus.length ? cpuset(cpus) : "—", title: `${cpus.length} vCPU(s)` })),
-        cell("cell-memory", "", humanBytes((inst.memory_mib || 0) * 1048576)),
-        cell("cell-tps", "num", rate ? human(rate.tps) : "—"),
-        cell("cell-qps", "num", el("span", {
-          text: qpsText, title: rate && rate.qps === null ? "pg_stat_statements is not installed" : null,
-        })),
-        cell("cell-standbys", "", standbyCell(inst.standbys)),
-        cell("cell-lag", "num", humanBytes(lag)),
-      ];
-      let tr = rows.get(inst.name);
-      if (!tr) {
-        tr = el("tr", { "data-testid": "instance-row", "data-instance": inst.name });
-        body.append(tr);
-      }
-      tr.replaceChildren(...cells);
+      let row = rows.get(inst.name);
+      if (!row) { row = makeRow(inst.name); rows.set(inst.name, row); }
+      updateRow(row, inst);
+      updateRates(row, inst);
     }
-    for (const [name, tr] of rows) if (!seen.has(name)) tr.remove();
-    // Keep the API's order (by instance number).
+    for (const [name, row] of rows) {
+      if (!seen.has(name)) { row.tr.remove(); rows.delete(name); sparks.delete(name); }
+    }
+    applyView();
+    drawSparklines();
+    timings.renderMs = performance.now() - started;
+  }
+
+  function renderRates() {
     for (const inst of state.instances) {
-      const tr = body.querySelector(`tr[data-instance="${CSS.escape(inst.name)}"]`);
-      if (tr) body.append(tr);
+      const row = rows.get(inst.name);
+      if (row) updateRates(row, inst);
     }
-    $("instances-empty").hidden = state.instances.length > 0;
+    drawSparklines();
+  }
+
+  function onSortClick(event) {
+    const th = event.target.closest("th[data-sort]");
+    if (!th) return;
+    const key = th.dataset.sort;
+    // First click: numbers largest first, words A to Z; next clicks reverse.
+    if (table.sortKey === key) table.sortDir = -table.sortDir;
+    else { table.sortKey = key; table.sortDir = NUMERIC_SORTS.has(key) ? -1 : 1; }
+    applyView();
+  }
+
+  // -- sparklines --------------------------------------------------------------------------
+
+  const sparks = new Map();  // name -> TPS values, oldest first, at most SPARK_POINTS
+  let lastSparkAt = -Infinity;
+
+  /** One point per instance per second, from a tps document (history or stream). */
+  function addSparkPoints(doc) {
+    if (!(doc.at - lastSparkAt >= 0.9)) return;
+    lastSparkAt = doc.at;
+    for (const [name, rate] of Object.entries(doc.instances || {})) {
+      let values = sparks.get(name);
+      if (!values) { values = []; sparks.set(name, values); }
+      values.push(Number.isFinite(rate.tps) ? rate.tps : 0);
+      if (values.length > SPARK_POINTS) values.splice(0, values.length - SPARK_POINTS);
+    }
+  }
+
+  function drawSparklines() {
+    const started = performance.now();
+    const ratio = window.devicePixelRatio || 1;
+    for (const [name, row] of rows) {
+      if (row.tr.hidden) continue;
+      const values = sparks.get(name) || [];
+      const canvas = row.canvas;
+      if (canvas.width !== Math.round(SPARK_W * ratio)) {
+        canvas.width = Math.round(SPARK_W * ratio);
+        canvas.height = Math.round(SPARK_H * ratio);
+      }
+      const ctx = canvas.getContext("2d");
+      ctx.setTransform(ratio, 0, 0, ratio, 0, 0);
+      ctx.clearRect(0, 0, SPARK_W, SPARK_H);
+      canvas.dataset.points = String(values.length);
+      if (values.length < 2) continue;
+      const max = Math.max(...values) || 1;
+      const step = (SPARK_W - 2) / (SPARK_POINTS - 1);
+      const x0 = SPARK_W - 1 - step * (values.length - 1);
+      ctx.beginPath();
+      values.forEach((v, i) => {
+        const x = x0 + step * i;
+        const y = SPARK_H - 2 - (v / max) * (SPARK_H - 4);
+        if (i === 0) ctx.moveTo(x, y); else ctx.lineTo(x, y);
+      });
+      ctx.strokeStyle = "#2463eb";
+      ctx.lineWidth = 1.25;
+      ctx.stroke();
+      ctx.lineTo(x0 + step * (values.length - 1), SPARK_H);
+      ctx.lineTo(x0, SPARK_H);
+      ctx.closePath();
+      ctx.fillStyle = "rgba(36, 99, 235, 0.12)";
+      ctx.fill();
+    }
+    timings.sparklinesMs = performance.now() - started;
+  }
+
+  // -- incidents ---------------------------------------------------------------------------
+
+  const MAX_RECENT_INCIDENTS = 8;
+  const OPEN_INCIDENT = new Set(["recovering", "failed"]);
+
+  /** 75 -> "1 min 15 s", 3.2 -> "3.2 s" */
+  function duration(seconds) {
+    if (!Number.isFinite(seconds) || seconds < 0) return "—";
+    if (seconds < 10) return `${seconds.toFixed(1)} s`;
+    if (seconds < 60) return `${Math.round(seconds)} s`;
+    const minutes = Math.floor(seconds / 60);
+    if (minutes < 60) return `${minutes} min ${Math.round(seconds - minutes * 60)} s`;
+    return `${Math.floor(minutes / 60)} h ${minutes % 60} min`;
+  }
+
+  async function loadIncidents() {
+    try {
+      const r = await api("/v1/incidents");
+      if (!r.ok || !Array.isArray(r.data)) return;
+      renderIncidents(r.data);
+    } catch { /* shown again on the next round */ }
+  }
+
+  function renderIncidents(all) {
+    const open = all.filter((i) => OPEN_INCIDENT.has(i.status)).sort((a, b) => b.detected_at - a.detected_at);
+    const recent = all.filter((i) => !OPEN_INCIDENT.has(i.status))
+      .sort((a, b) => (b.finished_at || b.detected_at) - (a.finished_at || a.detected_at))
+      .slice(0, MAX_RECENT_INCIDENTS);
+    const now = Date.now() / 1000;
+    const item = (inc) => {
+      const where = inc.guest && inc.guest !== inc.instance ? `${inc.instance} · ${inc.guest}` : inc.instance;
+      const how = inc.source === "event" ? "libvirt event" : "periodic check";
+      // A failed repair stays open (it is tried again): its age, not its last attempt, matters.
+      const took = OPEN_INCIDENT.has(inc.status) || !inc.finished_at ? `open for ${duration(now - inc.detected_at)}`
+        : `took ${duration(inc.finished_at - inc.detected_at)}`;
+      const action = inc.action && inc.action !== "none" ? inc.action
+        : (inc.status === "recovering" ? "repairing" : "nothing");
+      return el("li", {
+        class: `incident ${inc.status}`, "data-testid": "incident", "data-incident-id": String(inc.id),
+        "data-status": inc.status, "data-instance": inc.instance,
+      },
+      el("div", { class: "inc-head" },
+        el("span", { class: "inc-title", "data-testid": "incident-what", text: `${where}: ${inc.what}` }),
+        badge(inc.status, inc.status === "recovered" ? "ok" : (inc.status === "recovering" ? "pending" : "bad"))),
+      el("p", { class: "inc-line", "data-testid": "incident-when",
+        text: `${clock(inc.detected_at)} (${how}, on ${inc.host}) · ${inc.cause}` }),
+      el("p", { class: "inc-line", "data-testid": "incident-action",
+        text: `action: ${action}${inc.attempts > 1 ? ` (${inc.attempts} attempts)` : ""} · ${took}` }),
+      inc.message ? el("p", { class: "inc-msg", "data-testid": "incident-message", text: inc.message }) : null);
+    };
+    $("incidents-open").replaceChildren(...open.map(item));
+    $("incidents-recent").replaceChildren(...recent.map(item));
+    $("incidents-open-head").hidden = open.length === 0;
+    $("incidents-recent-head").hidden = recent.length === 0;
+    $("incidents-summary").textContent = open.length ? `${open.length} open` : "none open";
+    $("incidents-summary").className = open.length ? "badge bad" : "badge ok";
+    const empty = $("incidents-empty");
+    empty.hidden = all.length > 0;
+    empty.textContent = state.supervising === false
+      ? "The HA loop is off (PGCARVE_SUPERVISE=0): faults are neither noticed nor repaired."
+      : "No incident: no guest has stopped or paused on its own since the manager started.";
   }
 
   async function loadHosts() {
     try {
       const r = await api("/v1/hosts");
       if (!r.ok || !Array.isArray(r.data)) return;
+      state.supervising = r.data.some((h) => h.watching_events !== null && h.watching_events !== undefined);
       $("hosts").textContent = r.data.map((h) => `${h.name} (${h.role}): ${h.free_cpus}/${h.cpus} CPUs free`).join(" · ");
     } catch { /* shown again on the next round */ }
   }
@@ -614,12 +864,20 @@
         loadHosts();
       }
     });
+    $("instances-table").querySelector("thead").addEventListener("click", onSortClick);
+    $("instance-filter").addEventListener("input", (event) => {
+      table.filter = event.target.value;
+      applyView();
+      drawSparklines();
+    });
     makeChart();
     redraw();
     loadInstances();
     loadHosts();
     loadOperations();
+    loadIncidents();
     setInterval(loadInstances, INSTANCES_EVERY_MS);
+    setInterval(loadIncidents, INCIDENTS_EVERY_MS);
     setInterval(loadHosts, HOSTS_EVERY_MS);
     followActiveOps();
     watchStale();
@@ -627,7 +885,7 @@
     connectEvents();
   }
 
-  window.pgcarveDashboard = { human, humanBytes, cpuset, state };
+  window.pgcarveDashboard = { human, humanBytes, cpuset, duration, state, sparks, timings };
   if (document.readyState === "loading") document.addEventListener("DOMContentLoaded", start);
   else start();
 })();
