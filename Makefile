@@ -29,7 +29,7 @@ help:
 	@echo "make demo   - install, build the guest image, start a $(DEMO_HOSTS)-host sandbox, carve $(DEMO_INSTANCES) instances,"
 	@echo "              run pgbench on each, leave the API and dashboard on http://127.0.0.1:$(API_PORT)/"
 	@echo "make down   - stop everything demo started (guests, API, sandbox daemons, namespaces)"
-	@echo "make test   - install, then lint, unit, integration (boots guests) and browser tests"
+	@echo "make test   - install, then lint, unit, integration (boots guests), browser and monitoring tests"
 	@echo "make test-faults - only the fault tests (primary/standby killed, disk full, restarts)"
 	@echo "make bench  - benchmarks (see README)"
 
