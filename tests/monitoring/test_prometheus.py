@@ -12,7 +12,7 @@ from pathlib import Path
 
 from tests.monitoring.conftest import Monitored
 from tests.utils.fakes import standby
-from tests.utils.prometheus import DASHBOARD, running_prometheus, shortened_rules
+from tests.utils.prometheus import DASHBOARD, prometheus_watching
 
 # Grafana's variables, as the dashboard's queries would be sent for "all instances".
 GRAFANA_VARIABLES = {"$job": "pgcarve", "$instance": ".*", "$__rate_interval": "1m", "$__interval": "15s",
@@ -35,12 +35,9 @@ def dashboard_queries() -> list[tuple[str, str]]:
 
 def test_alerts_fire_and_resolve_in_a_real_prometheus(monitored: Monitored, tmp_path: Path) -> None:
     api = monitored.api
-    rules = shortened_rules(tmp_path / "rules" / "pgcarve-rules.yml", for_s=2)
     started = time.monotonic()
-    with running_prometheus(tmp_path / "prometheus", api.base_url, [rules], interval_s=1.0) as prom:
-        ready = time.monotonic() - started
-        prom.wait_for_scrapes(3)
-        timings: dict[str, float] = {"prometheus ready": ready}
+    with prometheus_watching(tmp_path, api.base_url, for_s=2) as prom:
+        timings: dict[str, float] = {"prometheus ready, 2 scrapes done": time.monotonic() - started}
 
         # Healthy: the recording rules carry each instance's fed throughput and their sum.
         # (rate() over [1m] divides by the whole minute, so a younger series reads low: the test

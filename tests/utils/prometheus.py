@@ -7,8 +7,8 @@ waits until the server is ready and stops it by PID afterwards. `shortened_rules
 of pgcarve's rules whose `for:` durations are at most a few seconds, so an alert can fire within
 a test; the shipped rules are never changed for a test's sake.
 
-Used by tests/monitoring on libvirt's test driver, and meant for tests/integration (the sandbox's
-fault tests) too: see attach_to_sandbox().
+prometheus_watching() puts both together; tests/monitoring uses it on libvirt's test driver, and
+the sandbox's fault tests (tests/integration) can use it as it is.
 """
 
 from __future__ import annotations
@@ -216,10 +216,11 @@ def running_prometheus(work_dir: Path, target_url: str, rules: list[Path], *, in
 
 
 @contextlib.contextmanager
-def attach_to_sandbox(work_dir: Path, api_url: str, for_s: int = 2) -> Iterator[Prometheus]:
-    """For the sandbox's fault tests: Prometheus scraping the running API every second with
-    pgcarve's rules, `for:` cut to `for_s`, after its first scrapes."""
-    rules = shortened_rules(work_dir / "pgcarve-rules.yml", for_s)
-    with running_prometheus(work_dir, api_url, [rules]) as prom:
+def prometheus_watching(work_dir: Path, api_url: str, for_s: int = 2) -> Iterator[Prometheus]:
+    """Prometheus scraping a running pgcarve API every second with pgcarve's rules, `for:` cut to
+    `for_s` seconds, yielded once it has scraped the API twice. For the monitoring tests on the
+    test driver, and for the sandbox's fault tests (tests/integration)."""
+    rules = shortened_rules(work_dir / "rules" / "pgcarve-rules.yml", for_s)
+    with running_prometheus(work_dir / "prometheus", api_url, [rules]) as prom:
         prom.wait_for_scrapes(2)
         yield prom
