@@ -1,9 +1,15 @@
-"""Shared test configuration."""
+"""Shared test configuration, and a guard that keeps every test's traffic on this machine."""
 
+import ipaddress
 import os
+import socket
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
+import psycopg
 import pytest
+from psycopg.conninfo import conninfo_to_dict
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -18,3 +24,71 @@ def regenerate(request: pytest.FixtureRequest) -> bool:
 
 def image_dir() -> Path:
     return Path(os.environ.get("PGCARVE_IMAGE_DIR", "/var/lib/pgcarve/image"))
+
+
+class OffMachineTraffic(AssertionError):
+    """A test tried to reach an address that is not this machine's loopback."""
+
+
+def _refuse_off_machine(host: object, what: str) -> None:
+    """Allow loopback and unix sockets only: libvirt's test driver hands out 192.168.122.x
+    addresses, and a test that followed one would send traffic to the real network."""
+    if host is None or host == "" or (isinstance(host, str) and (host.startswith("/") or host == "localhost")):
+        return
+    try:
+        address = ipaddress.ip_address(str(host).split("%")[0])
+    except ValueError:
+        raise OffMachineTraffic(f"{what} to {host!r}: tests may only reach 127.0.0.1 or unix sockets") from None
+    if not address.is_loopback:
+        raise OffMachineTraffic(f"{what} to {address}: tests may only reach loopback addresses")
+
+
+@pytest.fixture(autouse=True, scope="session")
+def traffic_stays_on_this_machine() -> Iterator[None]:
+    """Every socket and libpq connection the test process opens goes to loopback (or a unix
+    socket); anything else fails the test before a packet leaves. Subprocesses (the API server,
+    forwards into the sandbox's namespaces) are not covered: they reach guests only by loopback
+    forwards or from inside the sandbox."""
+    mp = pytest.MonkeyPatch()
+    real_connect = socket.socket.connect
+    real_connect_ex = socket.socket.connect_ex
+
+    def checked(sock: socket.socket, address: Any) -> None:
+        if sock.family in (socket.AF_INET, socket.AF_INET6):
+            _refuse_off_machine(address[0], "a socket connection")
+
+    def connect(self: socket.socket, address: Any) -> None:
+        checked(self, address)
+        real_connect(self, address)
+
+    def connect_ex(self: socket.socket, address: Any) -> int:
+        checked(self, address)
+        return real_connect_ex(self, address)
+
+    def libpq_hosts(conninfo: str, kwargs: dict[str, Any]) -> None:
+        params = {**conninfo_to_dict(conninfo), **kwargs}
+        for key in ("host", "hostaddr"):
+            for host in str(params.get(key) or "").split(","):
+                _refuse_off_machine(host.strip() or None, "a PostgreSQL connection")
+
+    real_sync = psycopg.Connection.connect.__func__  # type: ignore[attr-defined]
+    real_async = psycopg.AsyncConnection.connect.__func__  # type: ignore[attr-defined]
+
+    def sync_connect(cls: Any, conninfo: str = "", **kwargs: Any) -> Any:
+        libpq_hosts(conninfo, kwargs)
+        return real_sync(cls, conninfo, **kwargs)
+
+    async def async_connect(cls: Any, conninfo: str = "", **kwargs: Any) -> Any:
+        libpq_hosts(conninfo, kwargs)
+        return await real_async(cls, conninfo, **kwargs)
+
+    mp.setattr(socket.socket, "connect", connect)
+    mp.setattr(socket.socket, "connect_ex", connect_ex)
+    mp.setattr(psycopg.Connection, "connect", classmethod(sync_connect))
+    mp.setattr(psycopg.AsyncConnection, "connect", classmethod(async_connect))
+    mp.setattr(psycopg, "connect", psycopg.Connection.connect)  # the module's alias, bound at import
+    try:
+        yield
+    finally:
+        mp.undo()
+

@@ -112,35 +112,45 @@ class FleetMetrics(Collector):
             for gone in set(self._latest) - live:
                 del self._latest[gone]
             latest = dict(self._latest)
-        xacts = CounterMetricFamily("pgcarve_xact", "Transactions (commit + rollback) on the instance's primary, "
-                                    "the collector's own excluded", labels=["instance", "host"])
-        calls = CounterMetricFamily("pgcarve_statements", "Statements executed (pg_stat_statements calls), "
-                                    "the collector's own excluded", labels=["instance", "host"])
-        # Placeholders (the lead replaces the values): what clients did, background work subtracted.
+        # Raw: everything PostgreSQL counted (the collector's own statements excluded). Client:
+        # what clients did, without autovacuum and pgcarve's own sessions (collector.py says how).
+        xacts = CounterMetricFamily("pgcarve_xact", "Transactions (commit + rollback) PostgreSQL counted on the "
+                                    "instance's primary, all databases, background work included; the collector's "
+                                    "own excluded", labels=["instance", "host"])
+        calls = CounterMetricFamily("pgcarve_statements", "Statements PostgreSQL counted (pg_stat_statements calls), "
+                                    "all databases; the collector's own excluded", labels=["instance", "host"])
         client_xacts = CounterMetricFamily("pgcarve_client_xact", "Transactions (commit + rollback) clients ran "
-                                           "on the instance's primary, background work excluded",
+                                           "on the instance's primary: autovacuum and pgcarve's own sessions excluded",
                                            labels=["instance", "host"])
         client_calls = CounterMetricFamily("pgcarve_client_statements", "Statements clients executed "
-                                           "(pg_stat_statements calls), background work excluded",
+                                           "(pg_stat_statements calls): pgcarve's own sessions excluded",
                                            labels=["instance", "host"])
+        background = CounterMetricFamily("pgcarve_background_xact", "Transactions PostgreSQL counted that were not "
+                                         "clients' (autovacuum, pgcarve's own sessions): pgcarve_xact_total minus "
+                                         "pgcarve_client_xact_total", labels=["instance", "host"])
         polled = GaugeMetricFamily("pgcarve_collector_last_success_timestamp_seconds",
                                    "When the collector last read the instance's counters (Unix time)",
                                    labels=["instance", "host"])
         for name, (host, sample) in sorted(latest.items()):
-            xacts.add_metric([name, host], float(sample.xacts))
+            all_xacts = sample.xacts if sample.all_xacts is None else sample.all_xacts
+            xacts.add_metric([name, host], float(all_xacts))
             client_xacts.add_metric([name, host], float(sample.xacts))
+            background.add_metric([name, host], float(max(0, all_xacts - sample.xacts)))
+            all_calls = sample.calls if sample.all_calls is None else sample.all_calls
+            if all_calls is not None:
+                calls.add_metric([name, host], float(all_calls))
             if sample.calls is not None:
-                calls.add_metric([name, host], float(sample.calls))
                 client_calls.add_metric([name, host], float(sample.calls))
             polled.add_metric([name, host], sample.wall)
         yield xacts
         yield calls
         yield client_xacts
         yield client_calls
+        yield background
         yield polled
 
         snap = self.service.snapshot()
-        yield GaugeMetricFamily("pgcarve_aggregate_tps", "Sum of the primaries' TPS over the last poll "
+        yield GaugeMetricFamily("pgcarve_aggregate_tps", "Sum of the primaries' client TPS over the last poll "
                                 "(the manager's 1-second view; dashboards use the recording rules)",
                                 value=snap.aggregate_tps)
         collector = self.service.collector

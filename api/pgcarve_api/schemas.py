@@ -111,8 +111,12 @@ class InstanceRateOut(BaseModel):
 
 
 class TpsOut(BaseModel):
-    aggregate_tps: float
-    aggregate_qps: float
+    aggregate_tps: float = Field(description="client transactions per second, summed over the primaries "
+                                 "(autovacuum and pgcarve's own sessions excluded)")
+    aggregate_qps: float = Field(description="client statements per second (pg_stat_statements)")
     window_s: float
-    at: float
+    at: float = Field(description="unix time of the snapshot")
+    xacts_total: int = Field(description="client transactions counted since the server started; the difference "
+                             "between two snapshots is exactly what clients ran between them")
+    statements_total: int = Field(description="client statements counted since the server started")
     instances: dict[str, InstanceRateOut]

@@ -54,7 +54,7 @@ from pgcarve.config import FleetConfig, HostConfig, InstanceSize, Paths, Replica
 from pgcarve.domain_xml import DomainSpec, InstanceMetadata, vcpu_pins_from_xml
 from pgcarve.errors import PgcarveError
 from pgcarve.fleet import Fleet, Guest, Instance, Progress, instance_name, no_progress
-from pgcarve.guest_config import GuestSeed, write_seed_iso
+from pgcarve.guest_config import CLIENT_DATABASE, GuestSeed, write_seed_iso
 from pgcarve.libvirt_host import BaseImage, LibvirtHost
 from pgcarve.load import CREATE_TABLE, INSERT_SCRIPT, PgbenchResult, pgbench_path, run_pgbench
 from pgcarve.planner import PlannerConfig, capacity, time_plan
@@ -794,7 +794,7 @@ class RecordingFleet(Fleet):
 def write_probe(fleet: Fleet, guest: Guest, want_sync: bool) -> dict[str, Any]:
     """One committed insert on a new primary; with standbys, also its synchronous standby's state."""
     t = time.perf_counter()
-    with fleet.connect(guest) as conn:
+    with fleet.connect(guest, database=CLIENT_DATABASE) as conn:
         conn.execute(CREATE_TABLE)
         conn.execute("insert into test(info) values ('scale-out probe')")
         rows = conn.execute("select application_name, state, sync_state from pg_stat_replication").fetchall()
@@ -1103,7 +1103,7 @@ def run_case(case: str, fleet: Fleet, params: ExperimentParams, settings: dict[s
 
     if case == "multi-process":
         guest = primaries[0]
-        with fleet.connect(guest) as conn:
+        with fleet.connect(guest, database=CLIENT_DATABASE) as conn:
             for k in range(1, n + 1):
                 conn.execute(f"create table if not exists test{k}(id serial primary key, info text, "
                              "crt_time timestamp)")

@@ -16,6 +16,7 @@ import json
 import os
 import sys
 import threading
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -237,11 +238,12 @@ def cmd_plan(args: argparse.Namespace, paths: Paths) -> int:
 
 
 def cmd_load(args: argparse.Namespace, paths: Paths) -> int:
-    from pgcarve.load import run_on_primaries
+    from pgcarve.load import run_on_primaries, setup_transactions
 
     fleet = Fleet(load_config(paths, args.hosts_file), paths)
     console.print(f"pgbench: insert-only, {args.clients} clients x {args.jobs} threads, {args.seconds} s "
                   "on every primary at once")
+    window_start = time.time()  # before run_pgbench's CREATE TABLE, which the set-up count includes
     results = run_on_primaries(fleet, args.clients, args.jobs, args.seconds)
     table = Table(title="pgbench insert into test(info) values (null)")
     for column in ("instance", "TPS", "latency avg (ms)", "transactions", "failed"):
@@ -253,15 +255,18 @@ def cmd_load(args: argparse.Namespace, paths: Paths) -> int:
     out.print(table)
     server = read_server(paths)
     if server is not None:
-        counted = api_transactions_during(server["url"], results)
+        counted = api_transactions_during(server["url"], window_start, max(r.finished_at for r in results))
         pgbench_total = sum(r.transactions for r in results)
+        setup = sum(setup_transactions(args.clients) for _ in results)
         if counted is not None:
-            # Totals, not per-second means: commit counts reach the API up to ~1 s late, which
-            # only moves transactions between seconds, never out of a window that ends idle.
-            out.print(f"API aggregate over the run: {counted:,.0f} transactions = {counted / args.seconds:,.1f} TPS "
-                      f"over the {args.seconds} s of load (from {server['url']}/v1/tps/history); "
-                      f"pgbench: {pgbench_total} transactions = {pgbench_total / args.seconds:,.1f} TPS "
-                      "(the API also counts pgbench's connection set-up)")
+            # Totals over the same window, counted the same way: the API counts client
+            # transactions (autovacuum and pgcarve's own sessions left out), pgbench its own
+            # transactions; its connection set-up is client work the API sees and pgbench does not.
+            expected = pgbench_total + setup
+            diff = (counted - expected) / expected * 100 if expected else 0.0
+            out.print(f"API over the run: {counted:,} client transactions; pgbench: {pgbench_total:,} + {setup} "
+                      f"set-up (connections, PREPARE, CREATE TABLE) = {expected:,}; difference {diff:+.1f}% "
+                      f"(from {server['url']}/v1/tps/history)")
         else:
             out.print(f"the API at {server['url']} recorded no samples after the run; its collector may be stopped")
         out.print(f"dashboard: {server['url']}/")
@@ -271,26 +276,25 @@ def cmd_load(args: argparse.Namespace, paths: Paths) -> int:
     return 0
 
 
-def api_transactions_during(url: str, results: list[Any], wait_s: float = 30) -> float | None:
-    """Transactions the API counted from the start of the pgbench runs until they were idle.
+def api_transactions_during(url: str, started: float, finished: float, wait_s: float = 30) -> int | None:
+    """Client transactions the API counted from `started` until the load was idle after `finished`.
 
-    The integral of the aggregate TPS over its samples (each rate covers its own poll
-    interval, window_s). Waits, bounded, for a sample 3 s past the end of the last run so the
-    last commits, published up to ~1 s late, are in it. None if no such sample arrives.
+    The difference of the API's running total (xacts_total) between the last sample before
+    `started` and the first sample 3 s past `finished`, so the last commits, published up to
+    ~1 s late, are in it. Waits for that sample at most `wait_s`; None if none arrives.
     """
-    import time
-
     import httpx
 
-    started = min(r.started_at for r in results)
-    settled = max(r.finished_at for r in results) + 3
+    settled = finished + 3
     deadline = time.monotonic() + wait_s
     while True:
         seconds = max(1, int(time.time() - started) + 5)
         history = httpx.get(f"{url}/v1/tps/history", params={"seconds": seconds}, timeout=10).json()
-        if history and history[-1]["at"] >= settled:
-            return float(sum(p["aggregate_tps"] * p["window_s"] for p in history if p["at"] > started))
-        if time.monotonic() >= deadline:
+        before = [p for p in history if p["at"] <= started]
+        after = [p for p in history if p["at"] >= settled]
+        if before and after:
+            return int(after[0]["xacts_total"]) - int(before[-1]["xacts_total"])
+        if time.monotonic() >= deadline or (history and not before):
             return None
         time.sleep(0.5)  # the collector records one sample per second
 

@@ -6,8 +6,23 @@ one round trip per target per poll, all targets polled concurrently. Samples go 
 polls at most ``round_timeout_s``; a slower poll (unreachable host, paused guest) finishes in
 the background and is used by a later round, so one bad target never slows the others.
 
-The collector's own traffic is taken out of the counters, so an idle instance reads exactly
-0 TPS and 0 QPS (checked against real servers in tests/integration/test_collector_local.py):
+TPS and QPS count what clients do. Three kinds of work PostgreSQL counts too are taken out:
+
+* pgcarve's own sessions (readiness checks, slots, failover, scale-down) log in to a database of
+  their own, ``pgcarve`` (MANAGER_DATABASE), and template databases are autovacuum's alone: only
+  the other databases count as client work. Statements likewise (pg_stat_statements' dbid).
+* autovacuum in the database the collector polls: PostgreSQL 15 counts one transaction per table
+  a worker processes, one per vacuum and one per analyze of it, and two per worker visit to a
+  database (its start-up and its last transaction); measured on PostgreSQL 15 against
+  log_autovacuum_min_duration. The poll reads the tables' autovacuum/autoanalyze counts and
+  timestamps and the workers running now, and the collector subtracts those transactions. A
+  worker's counts land in pg_stat_database when it exits, after its table counts: the client
+  counter is held (never lowered) until they arrive. Not seen: a visit that found no work and
+  ran between two polls (2 transactions, at most once per autovacuum_naptime per database), and
+  autovacuum in client databases other than the one polled.
+* the collector's own statements, in the database it polls, as follows (an idle instance reads
+  exactly 0 TPS and 0 QPS; checked against real servers in
+  tests/integration/test_collector_local.py):
 
 * **xacts**: every statement the collector sends in autocommit is one transaction
   (xact_commit, or xact_rollback if it fails), and so is the start of each session (the
@@ -48,6 +63,7 @@ from typing import Any
 import psycopg
 from psycopg import sql
 
+from pgcarve.guest_config import MANAGER_DATABASE
 from pgcarve.rates import RateTracker, Sample, Snapshot
 
 log = logging.getLogger(__name__)
@@ -96,12 +112,19 @@ _CHECK = sql.SQL(
 
 # pg_stat_statements(false): the view reads every query text from disk; the counters do not.
 # Our own entry is the one whose queryid is that of the statement running in this backend.
+# Databases whose work is the clients': not templates (autovacuum's only), not pgcarve's own.
+_CLIENT_DATABASES = sql.SQL(
+    "(SELECT db.oid FROM pg_catalog.pg_database db WHERE NOT db.datistemplate AND db.datname <> {manager})"
+).format(manager=sql.Literal(MANAGER_DATABASE))
 _CALLS = sql.SQL(
     "(SELECT pg_catalog.sum(s.calls) FROM {schema}.pg_stat_statements(false) s"
     " WHERE s.queryid IS DISTINCT FROM (SELECT a.query_id"
-    " FROM pg_catalog.pg_stat_get_activity(pg_catalog.pg_backend_pid()) a))::bigint"
+    " FROM pg_catalog.pg_stat_get_activity(pg_catalog.pg_backend_pid()) a))::bigint AS all_calls,"
+    " (SELECT pg_catalog.sum(s.calls) FROM {schema}.pg_stat_statements(false) s"
+    " WHERE s.dbid IN {client_databases} AND s.queryid IS DISTINCT FROM (SELECT a.query_id"
+    " FROM pg_catalog.pg_stat_get_activity(pg_catalog.pg_backend_pid()) a))::bigint AS client_calls"
 )
-_NO_CALLS = sql.SQL("NULL::bigint")
+_NO_CALLS = sql.SQL("NULL::bigint AS all_calls, NULL::bigint AS client_calls")
 
 # Lag bytes are measured against the current WAL position on a primary; a cascading standby
 # cannot call pg_current_wal_lsn(), so its walsenders are measured against its replay position
@@ -117,8 +140,10 @@ _POLL = sql.SQL(
     " r.replay_lsn)::bigint AS lag_bytes"
     " FROM pg_catalog.pg_stat_replication r) "
     "SELECT (SELECT pg_catalog.sum(d.xact_commit + d.xact_rollback)"
-    " FROM pg_catalog.pg_stat_database d)::bigint AS xacts,"
-    " {calls} AS calls,"
+    " FROM pg_catalog.pg_stat_database d)::bigint AS all_xacts,"
+    " (SELECT pg_catalog.sum(d.xact_commit + d.xact_rollback) FROM pg_catalog.pg_stat_database d"
+    " WHERE d.datid IN {client_databases})::bigint AS client_xacts,"
+    " {calls},"
     " CASE WHEN pg_catalog.pg_is_in_recovery() THEN NULL"
     " ELSE (SELECT pg_catalog.max(rep.lag_bytes) FROM rep) END AS replay_lag_bytes,"
     " (SELECT pg_catalog.json_agg(rep ORDER BY rep.application_name) FROM rep) AS standbys,"
@@ -128,8 +153,20 @@ _POLL = sql.SQL(
     # wal_sender_timeout; this cannot be fooled.
     " (SELECT pg_catalog.count(*) FROM pg_catalog.pg_stat_activity a"
     " WHERE a.wait_event = 'SyncRep' AND a.state_change < pg_catalog.now() - interval '3 seconds')::int"
-    " AS sync_waiting"
+    " AS sync_waiting,"
+    # Autovacuum in this database (see the module docstring): operations so far, tables it
+    # finished since the previous poll's clock, and the workers in here now.
+    " (SELECT pg_catalog.sum(t.autovacuum_count + t.autoanalyze_count)"
+    " FROM pg_catalog.pg_stat_all_tables t)::bigint AS autovacuum_ops,"
+    " (SELECT pg_catalog.count(*) FROM pg_catalog.pg_stat_all_tables t"
+    " WHERE GREATEST(t.last_autovacuum, t.last_autoanalyze) > {since})::int AS autovacuum_tables,"
+    " (SELECT pg_catalog.array_agg(a.pid) FROM pg_catalog.pg_stat_activity a"
+    " WHERE a.backend_type = 'autovacuum worker'"
+    " AND a.datname = pg_catalog.current_database()) AS autovacuum_workers,"
+    " pg_catalog.now() AS server_now"
 )
+# Autovacuum transactions a worker visit costs besides its tables: its start-up and its last one.
+_AUTOVACUUM_VISIT_XACTS = 2
 
 
 def _statement(body: sql.Composable, force_flush: bool) -> sql.Composed:
@@ -183,6 +220,14 @@ class _Link:
     own_xacts: int = 0
     last_raw_xacts: int | None = None
     last_epoch: str | None = None
+    # Autovacuum's transactions in the polled database since the baseline, and what the last
+    # poll saw of it (operations so far, its clock, the workers running then).
+    background_xacts: int = 0
+    autovacuum_ops: int | None = None
+    server_now: Any = None
+    autovacuum_workers: frozenset[int] = frozenset()
+    charged_workers: frozenset[int] = frozenset()
+    client_xacts: int | None = None  # the last client count handed out (never lowered)
     standbys: tuple[StandbyState, ...] = field(default_factory=tuple)
     sync_waiting: int = 0  # sessions stuck waiting for a synchronous standby at the last poll
     # The poll in flight; it may outlive a round (slow connect, hung guest) and is harvested later.
@@ -373,7 +418,7 @@ class Collector:
         t0 = time.monotonic()
         try:
             async with asyncio.timeout(self.query_timeout_s):
-                cur = await conn.execute(poll_sql)
+                cur = await conn.execute(poll_sql, {"since": link.server_now})
                 row = await cur.fetchone()
         except TimeoutError as exc:
             # Not counted as ours: if it did run, one transaction shows up as workload once,
@@ -392,27 +437,64 @@ class Collector:
         wall = time.time() - (t1 - t0) / 2
         if row is None:
             raise _PollError(f"statistics query on {host} returned no row")
-        raw_xacts, calls, lag_bytes, standbys, epoch, sync_waiting = row[:6]
+        (raw_xacts, raw_client_xacts, all_calls, client_calls, lag_bytes, standbys, epoch, sync_waiting,
+         autovacuum_ops, autovacuum_tables, autovacuum_workers, server_now) = row[:12]
         raw_xacts = int(raw_xacts)
         epoch = str(epoch)
-        if link.last_raw_xacts is not None and (raw_xacts < link.last_raw_xacts or epoch != link.last_epoch):
+        reset = link.last_raw_xacts is not None and (raw_xacts < link.last_raw_xacts or epoch != link.last_epoch)
+        if reset:
             # Counters were reset or this is another server: our past statements are not in
             # them any more; the tracker re-baselines on the same signal.
             own_before = 0
             link.own_xacts = 1
+            link.background_xacts, link.autovacuum_ops, link.client_xacts = 0, None, None
+            link.autovacuum_workers = link.charged_workers = frozenset()
         link.last_raw_xacts, link.last_epoch = raw_xacts, epoch
         link.standbys = _standbys(standbys)
         link.sync_waiting = int(sync_waiting or 0)
+        self._count_autovacuum(link, int(autovacuum_ops or 0), int(autovacuum_tables or 0),
+                               frozenset(autovacuum_workers or ()))
+        link.server_now = server_now
+        client_xacts = int(raw_client_xacts or 0) - own_before - link.background_xacts
+        if link.client_xacts is not None and client_xacts < link.client_xacts:
+            # Autovacuum's table counts arrive before its transactions: hold, never go down.
+            client_xacts = link.client_xacts
+        link.client_xacts = client_xacts
         return Sample(
             instance=link.target.instance,
             # Midpoint: the server read the counters somewhere inside the round trip.
             monotonic=(t0 + t1) / 2,
             wall=wall,
-            xacts=raw_xacts - own_before,
-            calls=_opt_int(calls),
+            xacts=client_xacts,
+            calls=_opt_int(client_calls),
             replay_lag_bytes=_opt_int(lag_bytes),
             epoch=epoch,
+            all_xacts=raw_xacts - own_before,
+            all_calls=_opt_int(all_calls),
         )
+
+    @staticmethod
+    def _count_autovacuum(link: _Link, ops: int, tables: int, workers: frozenset[int]) -> None:
+        """Add autovacuum's transactions since the previous poll to ``link.background_xacts``.
+
+        Per table a worker finished: one transaction, plus one per vacuum and per analyze
+        (``ops``). Per worker visit: two more, charged once per worker process seen (a long
+        visit spans polls), or once for work done by a worker no poll saw running.
+        """
+        if link.autovacuum_ops is None:  # the baseline poll: nothing to compare with yet
+            link.autovacuum_ops, link.autovacuum_workers = ops, workers
+            link.charged_workers = workers  # already running: their start-up is in the baseline
+            return
+        new_ops = max(0, ops - link.autovacuum_ops)
+        link.autovacuum_ops = ops
+        xacts = new_ops + (max(tables, 1) if new_ops else 0)
+        new_workers = workers - link.charged_workers
+        xacts += _AUTOVACUUM_VISIT_XACTS * len(new_workers)
+        if new_ops and not workers and not link.autovacuum_workers:
+            xacts += _AUTOVACUUM_VISIT_XACTS  # a short visit between two polls
+        link.charged_workers = (link.charged_workers & workers) | new_workers
+        link.autovacuum_workers = workers
+        link.background_xacts += xacts
 
     async def _connect(self, link: _Link) -> None:
         """Open the connection, check for pg_stat_statements and pick the poll statement."""
@@ -449,5 +531,9 @@ class Collector:
             raise _PollError(f"checking pg_stat_statements on {host} failed: {_first_line(exc)}") from exc
         link.own_xacts += 1
         schema = row[0] if row is not None and row[1] else None
-        calls = _CALLS.format(schema=sql.Identifier(schema)) if schema else _NO_CALLS
-        link.poll_sql = _statement(_POLL.format(calls=calls), force_flush)
+        calls = (_CALLS.format(schema=sql.Identifier(schema), client_databases=_CLIENT_DATABASES)
+                 if schema else _NO_CALLS)
+        link.poll_sql = _statement(
+            _POLL.format(calls=calls, client_databases=_CLIENT_DATABASES,
+                         since=sql.SQL("{}::timestamptz").format(sql.Placeholder("since"))),
+            force_flush)

@@ -27,6 +27,8 @@ from pgcarve.errors import CapacityError, ConfigError, GuestNotReady, ImageMissi
 from pgcarve.forward import ForwardRegistry
 from pgcarve.guest_config import (
     ADMIN_USER,
+    CLIENT_DATABASE,
+    MANAGER_DATABASE,
     Credentials,
     GuestSeed,
     application_name,
@@ -308,13 +310,28 @@ class Fleet:
         password = f":{self.credentials.admin_password}" if with_password else ""
         return f"postgresql://{ADMIN_USER}{password}@{host}:{port}/postgres"
 
-    def connect(self, guest: Guest, timeout_s: float = 5.0) -> psycopg.Connection:
+    def connect(self, guest: Guest, timeout_s: float = 5.0, database: str = MANAGER_DATABASE) -> psycopg.Connection:
+        """An autocommit admin session on the guest's PostgreSQL.
+
+        pgcarve's own work runs in MANAGER_DATABASE, so the collector never counts it as the
+        clients'; pass ``database`` to act in a client database (e.g. the load's table).
+        """
         if guest.endpoint is None:
             raise GuestNotReady(f"{guest.name} has no address yet")
         host, port = guest.endpoint
-        return psycopg.connect(host=host, port=port, user=ADMIN_USER, password=self.credentials.admin_password,
-                               dbname="postgres", connect_timeout=int(max(1, timeout_s)), autocommit=True,
-                               application_name="pgcarve-manager")
+
+        def open_session(dbname: str) -> psycopg.Connection:
+            return psycopg.connect(host=host, port=port, user=ADMIN_USER, password=self.credentials.admin_password,
+                                   dbname=dbname, connect_timeout=int(max(1, timeout_s)), autocommit=True,
+                                   application_name="pgcarve-manager")
+
+        try:
+            return open_session(database)
+        except psycopg.errors.InvalidCatalogName:
+            if database != MANAGER_DATABASE:
+                raise
+            # A guest from an image older than the manager database: its work counts as clients'.
+            return open_session(CLIENT_DATABASE)
 
     # -- preparing hosts ---------------------------------------------------------------------
 

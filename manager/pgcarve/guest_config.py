@@ -31,6 +31,10 @@ SCRAM_ITERATIONS = 4096
 # Role names are fixed in the image (created at build time); only their passwords vary.
 ADMIN_USER = "pgcarve"
 REPLICATION_USER = "replicator"
+# pgcarve's own sessions log in to this database (made in the image), so what they do is never
+# counted as the clients' work (collector.py); clients use the others.
+MANAGER_DATABASE = "pgcarve"
+CLIENT_DATABASE = "postgres"
 Role = Literal["primary", "standby"]
 SyncMode = Literal["FIRST", "ANY"]
 

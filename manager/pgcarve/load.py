@@ -19,6 +19,7 @@ from pathlib import Path
 
 from pgcarve.errors import ConfigError, PgcarveError
 from pgcarve.fleet import Fleet, Guest
+from pgcarve.guest_config import CLIENT_DATABASE
 
 INSERT_SCRIPT = "insert into test(info) values (null);\n"
 CREATE_TABLE = "create table if not exists test(id serial primary key, info text, crt_time timestamp)"
@@ -39,6 +40,14 @@ class PgbenchResult:
     started_at: float  # wall clock, when pgbench was started
     finished_at: float
     output: str
+
+
+def setup_transactions(clients: int) -> int:
+    """Transactions one `run_pgbench` adds beyond those pgbench reports, all made by clients:
+    the CREATE TABLE session (its start-up and the statement), pgbench's main session, and per
+    client its start-up and its PREPARE (-M prepared). Measured on PostgreSQL 15: pgbench
+    -M prepared -n -c C adds exactly 2C + 1 to xact_commit beyond its transactions."""
+    return 2 + 1 + 2 * clients
 
 
 def pgbench_path() -> str:
@@ -76,7 +85,7 @@ def run_pgbench(fleet: Fleet, guest: Guest, clients: int, jobs: int, seconds: in
         raise ConfigError("pgbench: need 1 <= jobs <= clients <= 1000 and 1 <= seconds <= 3600")
     if guest.endpoint is None:
         raise PgcarveError(f"{guest.name} has no reachable endpoint")
-    with fleet.connect(guest) as conn:
+    with fleet.connect(guest, database=CLIENT_DATABASE) as conn:
         conn.execute(CREATE_TABLE)
     host, port = guest.endpoint
     with tempfile.TemporaryDirectory(prefix="pgcarve-pgbench-") as tmp:
@@ -87,7 +96,7 @@ def run_pgbench(fleet: Fleet, guest: Guest, clients: int, jobs: int, seconds: in
         proc = subprocess.run(
             [pgbench_path(), "-h", host, "-p", str(port), "-U", "pgcarve", "-M", "prepared", "-n", "-r",
              "-f", str(script_file), "-c", str(clients), "-j", str(jobs), "-T", str(seconds), *extra_args,
-             "postgres"],
+             CLIENT_DATABASE],
             capture_output=True, text=True, env=env, timeout=seconds + 120, check=False,
         )
         finished = time.time()

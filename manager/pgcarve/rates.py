@@ -21,6 +21,15 @@ Rules, in the order :meth:`RateTracker.observe` applies them:
 * an instance whose latest sample is older than ``max_gap_s`` at snapshot time (its polls are
   failing) is listed with zero rates: a stale rate must not keep inflating the aggregate;
 * :meth:`RateTracker.forget` drops an instance (scaled down) from the aggregate at once.
+
+Rates are for watching; counts over a window come from totals. Each snapshot carries
+``xacts_total`` and ``statements_total``: every client transaction and statement the tracker
+has seen counted since it started, summed over instances (those that left included). The
+difference of two snapshots' totals is exactly what PostgreSQL counted in between, whatever
+the polls did: a poll that arrives late leaves the previous rate standing in one snapshot
+(so summing ``aggregate_tps x window_s`` counts that interval twice), but every counter delta
+is added to the totals once. A gap over ``max_gap_s`` zeroes the rate, yet its delta still
+counts when the server (``epoch``) is the same and the counter did not go down.
 """
 
 from __future__ import annotations
@@ -37,10 +46,13 @@ class Sample:
     """Counters read from one instance in one poll.
 
     ``monotonic`` is when the counters were read (the collector uses the midpoint of the query's
-    round trip); ``wall`` is the same moment on the wall clock. ``xacts`` is
-    xact_commit + xact_rollback over all databases, ``calls`` the sum of pg_stat_statements
-    calls (None when the extension is missing). ``epoch`` identifies the server process that
-    owns the counters (e.g. its postmaster start time); a change re-baselines the instance.
+    round trip); ``wall`` is the same moment on the wall clock. ``xacts`` counts what clients
+    did: xact_commit + xact_rollback in the databases clients use, with background work
+    (autovacuum) and pgcarve's own sessions taken out; ``calls`` the clients' pg_stat_statements
+    calls (None when the extension is missing). Rates and totals are computed from these two.
+    ``all_xacts`` / ``all_calls`` are everything PostgreSQL counted, only the collector's own
+    statements taken out (None: same as the client figures). ``epoch`` identifies the server
+    process that owns the counters (e.g. its postmaster start time); a change re-baselines.
     """
 
     instance: str
@@ -50,6 +62,8 @@ class Sample:
     calls: int | None
     replay_lag_bytes: int | None
     epoch: str = ""
+    all_xacts: int | None = None
+    all_calls: int | None = None
 
 
 @dataclass(frozen=True)
@@ -72,6 +86,8 @@ class Snapshot:
     """Aggregate view at wall time ``at``.
 
     ``window_s`` is the mean interval of the instance rates used (0.0 when none has a rate).
+    ``xacts_total`` / ``statements_total``: client transactions and statements counted since
+    the tracker started (see the module docstring); subtract two snapshots' to count a window.
     """
 
     at: float
@@ -79,6 +95,8 @@ class Snapshot:
     aggregate_tps: float
     aggregate_qps: float
     instances: Mapping[str, InstanceRate]
+    xacts_total: int = 0
+    statements_total: int = 0
 
 
 @dataclass
@@ -117,6 +135,8 @@ class RateTracker:
         self.max_gap_s = max_gap_s
         self._wall_clock = wall_clock
         self._states: dict[str, _State] = {}
+        self._xacts_total = 0
+        self._statements_total = 0
         # One snapshot per poll round at 1 Hz; a small margin so `history(history_seconds)` is
         # full even when a round lands a little early.
         self._history: deque[Snapshot] = deque(maxlen=history_seconds + 2)
@@ -133,7 +153,13 @@ class RateTracker:
             # Out of order or duplicate: nothing to learn, and dividing by it would explode.
             return
         state.baseline = sample
-        if dt > self.max_gap_s or sample.epoch != prev.epoch or sample.xacts < prev.xacts:
+        same_server = sample.epoch == prev.epoch
+        if same_server and sample.xacts >= prev.xacts:
+            # Counted once, whether or not this interval gets a rate (gaps included).
+            self._xacts_total += sample.xacts - prev.xacts
+            if sample.calls is not None and prev.calls is not None and sample.calls >= prev.calls:
+                self._statements_total += sample.calls - prev.calls
+        if dt > self.max_gap_s or not same_server or sample.xacts < prev.xacts:
             state.rate = _no_rate(sample)
             return
         qps: float | None
@@ -184,6 +210,8 @@ class RateTracker:
             aggregate_tps=tps_sum,
             aggregate_qps=qps_sum,
             instances=MappingProxyType(rates),
+            xacts_total=self._xacts_total,
+            statements_total=self._statements_total,
         )
 
     def record(self) -> Snapshot:

@@ -14,8 +14,9 @@ from typing import Any
 import psycopg
 import pytest
 from pgcarve.fleet import Fleet, Guest
+from pgcarve.guest_config import CLIENT_DATABASE
 from pgcarve.libvirt_host import LibvirtHost
-from pgcarve.load import run_pgbench
+from pgcarve.load import run_pgbench, setup_transactions
 
 from tests.integration.conftest import CarveEnv, wait_for, wait_operation
 
@@ -88,7 +89,7 @@ def test_sql_in_each_primary_and_rows_on_standbys(carve_env: CarveEnv) -> None:
     fleet = fleet_of(carve_env)
     for inst in fleet.observe():
         assert inst.primary is not None
-        with fleet.connect(inst.primary) as conn:
+        with fleet.connect(inst.primary, database=CLIENT_DATABASE) as conn:
             conn.execute("create table if not exists acked(id int primary key, note text)")
             for i in range(50):
                 conn.execute("insert into acked values (%s, %s)", (i, inst.name))  # each commit acknowledged
@@ -99,7 +100,7 @@ def test_sql_in_each_primary_and_rows_on_standbys(carve_env: CarveEnv) -> None:
 
             def replayed(s: Guest = standby) -> bool:
                 try:
-                    with fleet.connect(s) as sconn:
+                    with fleet.connect(s, database=CLIENT_DATABASE) as sconn:
                         row = sconn.execute("select count(*) from acked").fetchone()
                         return row == (50,)
                 except psycopg.errors.UndefinedTable:
@@ -158,24 +159,27 @@ def test_api_aggregate_tps_matches_pgbench(carve_env: CarveEnv) -> None:
         metrics = client.get("/metrics").text
     assert "pgcarve_xact_total{" in metrics and "pgcarve_instance_pinned_cpu{" in metrics
     window = [p for p in history if window_start < p["at"]]
-    # Rates are per second of each sample's own poll interval (window_s), so the integral is
-    # the transaction count even when the collector's polls were late under load.
-    api_transactions = sum(p["aggregate_tps"] * p["window_s"] for p in window)
-    # Background work is real work the API counts (autovacuum analyses `test` after the inserts,
-    # ~2 TPS for a moment): "idle" means far below pgbench's rate, not zero.
+    # The API's running total of client transactions: its difference over the window is
+    # everything the collector counted once, however late a poll came. (Integrating the
+    # per-second rates, sum(aggregate_tps x window_s), counts an interval twice when a late
+    # poll leaves the previous rate standing; printed below for comparison.)
+    api_transactions = window[-1]["xacts_total"] - before[-1]["xacts_total"]
+    integral = sum(p["aggregate_tps"] * p["window_s"] for p in window)
+    # Background work is not in the client count (autovacuum, the manager's own sessions), so
+    # "idle" is close to zero; still only "far below pgbench's rate", not zero.
     pgbench_rate = sum(r.transactions for r in results) / seconds
     assert window[-1]["aggregate_tps"] < 0.1 * pgbench_rate, "load was still arriving when the window closed"
-    # The API counts every transaction PostgreSQL counts, which pgbench does not report: per
-    # run, run_pgbench's CREATE TABLE session (start-up + statement), pgbench's main session,
-    # and per client a start-up plus its PREPARE (-M prepared). Measured on PostgreSQL 15:
-    # pgbench -M prepared -n -c C adds exactly 2C + 1 to xact_commit beyond its transactions.
-    overhead = len(results) * (2 + 1 + 2 * clients)
+    # The API counts every client transaction, pgbench only its own: per run, run_pgbench's
+    # CREATE TABLE session, pgbench's main session, and per client a start-up and its PREPARE.
+    overhead = sum(setup_transactions(clients) for _ in results)
     pgbench_transactions = sum(r.transactions for r in results)
     pgbench_tps = pgbench_transactions / seconds
     api_tps = (api_transactions - overhead) / seconds
     print(f"over {window[-1]['at'] - window_start:.0f} s holding {len(results)} pgbench runs of {seconds} s: "
           f"pgbench {pgbench_transactions} transactions ({pgbench_tps:.2f} TPS), "
-          f"API {api_transactions:.0f} less {overhead} set-up transactions ({api_tps:.2f} TPS)")
+          f"API {api_transactions} client transactions less {overhead} set-up ({api_tps:.2f} TPS, "
+          f"{(api_tps - pgbench_tps) / pgbench_tps * 100:+.2f}%); integrating the API's rates instead: "
+          f"{integral:.0f} ({(integral - overhead - pgbench_transactions) / pgbench_transactions * 100:+.2f}%)")
     assert abs(api_tps - pgbench_tps) / pgbench_tps <= 0.03
     fleet.close()
 
@@ -184,7 +188,7 @@ def test_scale_down_to_one_keeps_committed_rows(carve_env: CarveEnv) -> None:
     fleet = fleet_of(carve_env)
     kept = fleet.instance("pgc-01")
     assert kept.primary is not None
-    with fleet.connect(kept.primary) as conn:
+    with fleet.connect(kept.primary, database=CLIENT_DATABASE) as conn:
         conn.execute("insert into acked values (1000, 'before scale-down')")
     with carve_env.client() as client:
         resp = client.put("/v1/scale", json={"instances": 1})
@@ -196,7 +200,7 @@ def test_scale_down_to_one_keeps_committed_rows(carve_env: CarveEnv) -> None:
     assert not [v for v in fleet.leftovers() if "pgc-02" in v], "pgc-02's disks must be gone"
     kept = fleet.instance("pgc-01")
     assert kept.primary is not None
-    with fleet.connect(kept.primary) as conn:
+    with fleet.connect(kept.primary, database=CLIENT_DATABASE) as conn:
         assert conn.execute("select count(*) from acked").fetchone() == (51,)
         conn.execute("insert into acked values (1001, 'after scale-down')")  # still writable, sync
     fleet.close()

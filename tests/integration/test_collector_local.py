@@ -8,6 +8,7 @@ and stops every one by its postmaster PID whatever happens.
 from __future__ import annotations
 
 import asyncio
+import itertools
 import os
 import re
 import shutil
@@ -24,13 +25,16 @@ from typing import Any
 import psycopg
 import pytest
 from pgcarve.collector import Collector, StandbyState, Target
+from pgcarve.guest_config import MANAGER_DATABASE
 from pgcarve.rates import RateTracker, Sample, Snapshot
+from psycopg import sql
 
 pytestmark = pytest.mark.localpg
 
 PG_BIN = Path("/usr/lib/postgresql/15/bin")
 PGBENCH = shutil.which("pgbench") or str(PG_BIN / "pgbench")
 PGBENCH_SECONDS = 5
+AUTOVACUUM_NAPTIME_S = 4
 INSERT_SCRIPT = "insert into test(info) values (null);\n"
 
 if not (PG_BIN / "postgres").exists():  # pragma: no cover - depends on the machine
@@ -118,6 +122,7 @@ class Cluster:
     a: Server
     b: Server
     standby: Server
+    busy: Server  # autovacuum on, with pgcarve's manager database
 
 
 def _run_pg(*args: str) -> None:
@@ -137,12 +142,17 @@ def cluster() -> Iterator[Cluster]:
         )  # fmt: skip
         # A copy of a stopped cluster is a second cluster: cheaper than another initdb.
         _run_pg("cp", "-a", str(base / "a"), str(base / "b"))
+        _run_pg("cp", "-a", str(base / "a"), str(base / "busy"))
         a = Server("a", base / "a", _free_port())
         b = Server("b", base / "b", _free_port())
-        servers += [a, b]
+        busy = Server("busy", base / "busy", _free_port())
+        servers += [a, b, busy]
         for srv in (a, b):
             srv.start()
-        for srv in (a, b):
+        # Autovacuum at work, visiting each database every AUTOVACUUM_NAPTIME_S.
+        busy.start("autovacuum=on", f"autovacuum_naptime={AUTOVACUUM_NAPTIME_S}s",
+                   "log_autovacuum_min_duration=0")
+        for srv in (a, b, busy):
             srv.wait_ready()
             with psycopg.connect(srv.dsn, autocommit=True) as conn:
                 conn.execute("create extension pg_stat_statements")
@@ -155,7 +165,9 @@ def cluster() -> Iterator[Cluster]:
         servers.append(standby)
         standby.start("cluster_name=standby1")
         standby.wait_ready()
-        yield Cluster(base, a, b, standby)
+        with psycopg.connect(busy.dsn, autocommit=True) as conn:
+            conn.execute(sql.SQL("create database {}").format(sql.Identifier(MANAGER_DATABASE)))
+        yield Cluster(base, a, b, standby, busy)
     finally:
         for srv in servers:
             srv.stop()
@@ -420,3 +432,73 @@ def test_hung_target_does_not_slow_the_rounds(cluster: Cluster) -> None:
             await server.wait_closed()
 
     asyncio.run(scenario())
+
+
+def test_client_counts_leave_out_autovacuum_and_the_manager_database(cluster: Cluster) -> None:
+    """What clients do is counted; autovacuum's work and pgcarve's own sessions are not.
+
+    On a server with autovacuum on: pgcarve's manager database gets 60 statements, and a client
+    fills 20 tables past autovacuum's insert and analyze thresholds (one session: a start-up
+    and 40 statements = 41 transactions). Autovacuum then vacuums and analyzes all 20 (three
+    transactions each, two per visit). The collector's client count must grow by the client's
+    41 alone, give or take what it documents it cannot see: two transactions per autovacuum
+    visit that found no work between two polls (at most one visit per naptime here).
+    """
+    tables = 20
+    busy = cluster.busy
+    manager_dsn = busy.dsn.replace("dbname=postgres", f"dbname={MANAGER_DATABASE}")
+
+    checks = 0
+
+    def autovacuum_done(conn: psycopg.Connection[tuple[Any, ...]]) -> bool:
+        # The test's own reads are client work too: one transaction each (counted below).
+        nonlocal checks
+        checks += 1
+        row = conn.execute(
+            "select count(*) filter (where autovacuum_count > 0 and autoanalyze_count > 0),"
+            " (select count(*) from pg_stat_activity where backend_type = 'autovacuum worker')"
+            " from pg_stat_user_tables where relname like 'filled%'").fetchone()
+        assert row is not None
+        return bool(row[0] == tables and row[1] == 0)
+
+    async def scenario() -> tuple[Snapshot, Snapshot, list[Sample], float]:
+        col = _collector([Target("busy", "local-busy", busy.dsn)], interval_s=0.5)
+        samples: list[Sample] = []
+        col.on_sample.append(lambda _t, sample: samples.append(sample))
+        try:
+            await col.poll_once()
+            await asyncio.sleep(0.5)
+            start = await col.poll_once()
+            started = time.monotonic()
+            with psycopg.connect(manager_dsn, autocommit=True) as conn:
+                for _ in range(60):
+                    conn.execute("select 1")
+            with psycopg.connect(busy.dsn, autocommit=True) as conn:
+                for k in range(tables):
+                    conn.execute(f"create table filled{k}(id int)")
+                    conn.execute(f"insert into filled{k} select generate_series(1, 2000)")
+                deadline = time.monotonic() + 60
+                while not await asyncio.to_thread(autovacuum_done, conn):
+                    assert time.monotonic() < deadline, "autovacuum did not process the tables in 60 s"
+                    await col.poll_once()
+                    await asyncio.sleep(0.5)
+            for _ in range(4):  # past the worker's exit, when its transactions are published
+                end = await col.poll_once()
+                await asyncio.sleep(0.5)
+            assert col.last_errors() == {}
+            return start, end, samples, time.monotonic() - started
+        finally:
+            await col.aclose()
+
+    start, end, samples, elapsed = asyncio.run(scenario())
+    made = 41 + checks  # the session's start-up, 40 statements, and the test's reads in it
+    client = end.xacts_total - start.xacts_total
+    all_xacts = (samples[-1].all_xacts or 0) - (samples[1].all_xacts or 0)
+    unseen_visits = int(elapsed / AUTOVACUUM_NAPTIME_S) + 1
+    print(f"client transactions counted {client} (the client made {made}); everything PostgreSQL counted "
+          f"{all_xacts} over {elapsed:.1f} s; at most {unseen_visits} idle autovacuum visits unseen")
+    # Autovacuum's 20 x 3 + 2 and the manager's 61 are in PostgreSQL's count, not in the client's.
+    assert all_xacts >= made + 61 + tables * 3 + 2
+    assert made <= client <= made + 2 * unseen_visits
+    # Per-second rates never went negative while autovacuum's counts ran ahead of its transactions.
+    assert all(later.xacts >= earlier.xacts for earlier, later in itertools.pairwise(samples))

@@ -27,6 +27,7 @@ import yaml
 from pgcarve.config import FleetConfig
 from pgcarve.errors import CapacityError
 from pgcarve.fleet import Fleet
+from pgcarve.guest_config import CLIENT_DATABASE
 from pgcarve.scaler import Scaler
 from psycopg.conninfo import make_conninfo
 
@@ -83,7 +84,7 @@ def writer_for(env: CarveEnv, fleet: Fleet) -> AckedWriter:
 def check_nothing_lost(fleet: Fleet, writer: AckedWriter) -> None:
     inst = fleet.instance(INSTANCE)
     assert inst.primary is not None
-    with fleet.connect(inst.primary) as conn:
+    with fleet.connect(inst.primary, database=CLIENT_DATABASE) as conn:
         missing = writer.missing(conn)
     print(f"writer {writer.writer_id}: {len(writer.acked)} commits acknowledged, {len(missing)} missing, "
           f"{len(writer.errors)} failed attempts")

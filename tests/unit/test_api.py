@@ -81,7 +81,8 @@ def test_reads(api: tuple[TestClient, ManagerService]) -> None:
     assert len(plan[0]["slots"]) == 2 and "explanation" in plan[0]
     assert client.get("/v1/plan", params={"instances": -1}).status_code == 422
     tps = client.get("/v1/tps").json()
-    assert set(tps) == {"aggregate_tps", "aggregate_qps", "window_s", "at", "instances"}
+    assert set(tps) == {"aggregate_tps", "aggregate_qps", "window_s", "at", "instances", "xacts_total",
+                        "statements_total"}
     assert "pgcarve_instances 3.0" in client.get("/metrics").text
     assert client.get("/openapi.json").json()["paths"]["/v1/scale"]
     assert client.get("/").status_code == 200

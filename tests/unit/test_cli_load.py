@@ -6,7 +6,6 @@ import json
 import threading
 from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from types import SimpleNamespace
 
 import pytest
 from pgcarve.cli import api_transactions_during
@@ -39,24 +38,34 @@ def history_server() -> Iterator[tuple[str, list[dict[str, float]]]]:
         server.server_close()
 
 
-def run(started: float, finished: float) -> SimpleNamespace:
-    return SimpleNamespace(started_at=started, finished_at=finished)
-
-
-def test_integral_of_rates_over_their_own_intervals(history_server: tuple[str, list[dict[str, float]]]) -> None:
+def test_difference_of_totals_between_the_samples_around_the_run(
+        history_server: tuple[str, list[dict[str, float]]]) -> None:
     url, points = history_server
     points += [
-        {"at": 99.0, "aggregate_tps": 500.0, "window_s": 1.0},   # before the run: not counted
-        {"at": 101.0, "aggregate_tps": 10.0, "window_s": 1.0},
-        {"at": 103.0, "aggregate_tps": 20.0, "window_s": 2.0},   # a late poll covers 2 s
-        {"at": 104.0, "aggregate_tps": 30.0, "window_s": 1.0},
-        {"at": 108.0, "aggregate_tps": 0.0, "window_s": 1.0},    # idle, 3 s after the end
+        {"at": 98.0, "aggregate_tps": 500.0, "window_s": 1.0, "xacts_total": 900},
+        {"at": 99.5, "aggregate_tps": 0.0, "window_s": 1.0, "xacts_total": 1000},   # last before the run
+        {"at": 101.0, "aggregate_tps": 10.0, "window_s": 1.0, "xacts_total": 1010},
+        # A late poll: the previous rate stood one more second, so integrating rates would
+        # count 20 twice; the totals count every transaction once.
+        {"at": 102.0, "aggregate_tps": 10.0, "window_s": 1.0, "xacts_total": 1010},
+        {"at": 103.0, "aggregate_tps": 20.0, "window_s": 2.0, "xacts_total": 1050},
+        {"at": 104.0, "aggregate_tps": 30.0, "window_s": 1.0, "xacts_total": 1080},
+        {"at": 108.0, "aggregate_tps": 0.0, "window_s": 1.0, "xacts_total": 1081},  # first idle, 3 s after
+        {"at": 109.0, "aggregate_tps": 7.0, "window_s": 1.0, "xacts_total": 1088},   # later work: not counted
     ]
-    counted = api_transactions_during(url, [run(100.0, 104.5), run(100.2, 105.0)], wait_s=1)
-    assert counted == pytest.approx(10 + 40 + 30)
+    assert api_transactions_during(url, 100.0, 105.0, wait_s=1) == 81
 
 
 def test_none_when_no_sample_arrives_after_the_run(history_server: tuple[str, list[dict[str, float]]]) -> None:
     url, points = history_server
-    points.append({"at": 101.0, "aggregate_tps": 10.0, "window_s": 1.0})
-    assert api_transactions_during(url, [run(100.0, 105.0)], wait_s=0.6) is None
+    points += [{"at": 99.0, "aggregate_tps": 0.0, "window_s": 1.0, "xacts_total": 5},
+               {"at": 101.0, "aggregate_tps": 10.0, "window_s": 1.0, "xacts_total": 15}]
+    assert api_transactions_during(url, 100.0, 105.0, wait_s=0.6) is None
+
+
+def test_none_when_the_history_does_not_reach_back_to_the_start(
+        history_server: tuple[str, list[dict[str, float]]]) -> None:
+    url, points = history_server
+    points += [{"at": 101.0, "aggregate_tps": 10.0, "window_s": 1.0, "xacts_total": 15},
+               {"at": 109.0, "aggregate_tps": 0.0, "window_s": 1.0, "xacts_total": 25}]
+    assert api_transactions_during(url, 100.0, 105.0, wait_s=5) is None

@@ -301,3 +301,76 @@ def test_rates_are_never_negative_and_aggregate_is_the_sum(
         assert snap.aggregate_tps == pytest.approx(sum(r.tps for r in snap.instances.values()))
         assert snap.aggregate_qps == pytest.approx(sum(r.qps for r in snap.instances.values() if r.qps is not None))
         assert snap.window_s >= 0.0
+
+
+def test_totals_count_each_transaction_once_when_a_poll_is_late() -> None:
+    """Rates integrated over snapshots count a late poll's interval twice; totals never do."""
+    wall = FakeWall(1_000_000.0)
+    tr = RateTracker(wall_clock=wall)
+    tr.observe(s("a", 0.0, 1000, 0))
+    tr.observe(s("b", 0.0, 5000, 0))
+    start = tr.record()
+    wall.now += 1
+    tr.observe(s("a", 1.0, 1020, 20))
+    tr.observe(s("b", 1.0, 5010, 10))
+    points = [tr.record()]
+    # Round 2: a's poll is late (not observed), its 20 TPS stands in this snapshot.
+    wall.now += 1
+    tr.observe(s("b", 2.0, 5020, 20))
+    points.append(tr.record())
+    # Round 3: a's late poll covers two seconds.
+    wall.now += 1
+    tr.observe(s("a", 3.0, 1060, 60))
+    tr.observe(s("b", 3.0, 5030, 30))
+    points.append(tr.record())
+    assert points[-1].xacts_total - start.xacts_total == 60 + 30
+    assert points[-1].statements_total - start.statements_total == 60 + 30
+    integral = sum(p.aggregate_tps * p.window_s for p in points)
+    assert integral > 90  # the double count the totals avoid
+
+
+def test_totals_keep_a_gap_on_the_same_server_but_not_a_reset_or_another_server() -> None:
+    tr = RateTracker(max_gap_s=5.0)
+    tr.observe(s("a", 0.0, 100, 10))
+    tr.observe(s("a", 60.0, 400, 40))  # a 60 s gap: no rate, but the 300 happened
+    snap = snap_at(tr, 60.0)
+    assert not snap.instances["a"].has_rate
+    assert snap.xacts_total == 300 and snap.statements_total == 30
+    tr.observe(s("a", 61.0, 50, 5))  # counters went down (stats reset): nothing counted
+    tr.observe(s("a", 62.0, 70, 6, epoch="e2"))  # another server (failover): nothing counted
+    tr.observe(s("a", 63.0, 75, 7, epoch="e2"))
+    assert snap_at(tr, 63.0).xacts_total == 300 + 5
+    assert snap_at(tr, 63.0).statements_total == 30 + 1
+    tr.forget("a")  # an instance that leaves keeps what it counted in the totals
+    assert snap_at(tr, 63.0).xacts_total == 305
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    st.lists(
+        st.tuples(st.sampled_from(["a", "b"]), st.floats(min_value=0.1, max_value=12.0),
+                  st.integers(min_value=0, max_value=500), st.booleans()),
+        max_size=50,
+    )
+)
+def test_totals_are_the_sum_of_every_increase_whatever_the_timing(
+    steps: list[tuple[str, float, int, bool]],
+) -> None:
+    """Totals = the sum of counter increases on each server, whatever the gaps and skipped rounds."""
+    tr = RateTracker(max_gap_s=5.0)
+    clock = {"a": 0.0, "b": 0.0}
+    counter = {"a": 0, "b": 0}
+    seen: set[str] = set()
+    expected = 0
+    for name, dt, grow, record in steps:
+        clock[name] += dt
+        counter[name] += grow
+        if name in seen:
+            expected += grow
+        seen.add(name)
+        tr.observe(s(name, clock[name], counter[name], counter[name]))
+        if record:
+            tr.record()
+    snap = tr.snapshot()
+    assert snap.xacts_total == expected
+    assert snap.statements_total == expected

@@ -18,6 +18,8 @@ def snapshot_doc(snap: Snapshot) -> dict[str, object]:
         "aggregate_qps": round(snap.aggregate_qps, 3),
         "window_s": round(snap.window_s, 3),
         "at": snap.at,
+        "xacts_total": snap.xacts_total,
+        "statements_total": snap.statements_total,
         "instances": {
             name: {"tps": round(r.tps, 3), "qps": None if r.qps is None else round(r.qps, 3),
                    "replay_lag_bytes": r.replay_lag_bytes}
