@@ -83,7 +83,7 @@ down:
 
 lint: venv
 	$(VENV)/bin/ruff check manager api tests bench
-	$(VENV)/bin/mypy manager/pgcarve api/pgcarve_api
+	$(VENV)/bin/mypy manager/pgcarve api/pgcarve_api bench
 
 unit: venv
 	$(PY) -m pytest tests/unit -q
@@ -96,7 +96,7 @@ test-faults: deps image
 	$(PY) -m pytest tests/integration/test_faults.py -q
 
 bench: deps image
-	$(PY) -m pgcarve.bench $(BENCH_ARGS)
+	$(PY) -m bench $(BENCH_ARGS)
 
 clean: down
 	rm -rf $(VENV) .tools

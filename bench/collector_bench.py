@@ -41,8 +41,8 @@ import psycopg
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "manager"))
 
-from pgcarve.collector import Collector, Target
-from pgcarve.rates import RateTracker, Snapshot
+from pgcarve.control.collector import Collector, Target
+from pgcarve.control.rates import RateTracker, Snapshot
 
 PG_BIN = Path("/usr/lib/postgresql/15/bin")
 PGBENCH = shutil.which("pgbench") or str(PG_BIN / "pgbench")

@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Annotated
 
 from fastapi import Depends, HTTPException, Request, status
-from pgcarve.service import ManagerService
+from pgcarve.control.service import ManagerService
 
 from pgcarve_api.security import token_matches
 from pgcarve_api.settings import Settings, get_settings

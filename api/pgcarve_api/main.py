@@ -11,6 +11,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 from fastapi.staticfiles import StaticFiles
 from pgcarve.config import Paths, load_fleet_config
+from pgcarve.control.service import ManagerService
 from pgcarve.errors import (
     CapacityError,
     ConfigError,
@@ -22,7 +23,6 @@ from pgcarve.errors import (
     NotFound,
     PgcarveError,
 )
-from pgcarve.service import ManagerService
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from pgcarve_api.metrics import build_registry

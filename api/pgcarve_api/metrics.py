@@ -17,10 +17,10 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from typing import Protocol
 
-from pgcarve.collector import Target
+from pgcarve.control.collector import Target
+from pgcarve.control.rates import Sample
+from pgcarve.control.service import ManagerService
 from pgcarve.errors import PgcarveError
-from pgcarve.rates import Sample
-from pgcarve.service import ManagerService
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector, CollectorRegistry
 
@@ -38,7 +38,7 @@ ENDED_STATUSES = ("recovered", "failed", "reported")
 
 
 class IncidentFacts(Protocol):
-    """What the metrics read of a supervisor incident (pgcarve.supervisor.Incident)."""
+    """What the metrics read of a supervisor incident (pgcarve.control.supervisor.Incident)."""
 
     id: int
     instance: str

@@ -17,7 +17,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from pgcarve.errors import ConfigError
-from pgcarve.guest_config import check_network
+from pgcarve.guest.seed import check_network
 
 NAME_PATTERN = r"^[a-z][a-z0-9-]{0,30}$"
 

@@ -15,11 +15,11 @@ from pathlib import Path
 from typing import Any
 
 from pgcarve.config import HostConfig
-from pgcarve.domain_xml import DomainSpec, InstanceMetadata, mac_for
+from pgcarve.control.fleet import Fleet, instance_name
 from pgcarve.errors import ConfigError, ImageMissing
-from pgcarve.fleet import Fleet, instance_name
-from pgcarve.guest_config import GuestSeed
-from pgcarve.planner import capacity
+from pgcarve.guest.seed import GuestSeed
+from pgcarve.planning.planner import capacity
+from pgcarve.virt.domain_xml import DomainSpec, InstanceMetadata, mac_for
 
 IMAGE_FILES = {"base_path": "base.qcow2", "kernel_path": "vmlinuz", "initrd_path": "initrd.img"}
 DEFAULT_CMDLINE: str = DomainSpec.cmdline  # the dataclass field's default: what the manager boots with

@@ -17,7 +17,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from pgcarve.service import ManagerService
+from pgcarve.control.service import ManagerService
 
 from tests.browser.conftest import CHROMIUM, OUTPUT
 from tests.utils.fakes import FakeSupervisor

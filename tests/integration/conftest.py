@@ -21,8 +21,8 @@ from typing import Any
 import httpx
 import pytest
 from pgcarve.config import FleetConfig, Paths
-from pgcarve.forward import stop_pid
-from pgcarve.sandbox import Sandbox
+from pgcarve.sandbox.forward import stop_pid
+from pgcarve.sandbox.hosts import Sandbox
 
 from tests.conftest import image_dir
 
@@ -87,7 +87,7 @@ class CarveEnv:
         """Stop the server, remove every guest, stop the sandbox; what is left (should be [])."""
         if self.server.poll() is None:
             stop_pid(self.server.pid, timeout_s=20)
-        from pgcarve.fleet import Fleet
+        from pgcarve.control.fleet import Fleet
 
         if self.sandbox.is_up():
             fleet = Fleet(self.config, self.paths)

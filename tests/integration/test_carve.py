@@ -13,10 +13,10 @@ from typing import Any
 
 import psycopg
 import pytest
-from pgcarve.fleet import Fleet, Guest
-from pgcarve.guest_config import CLIENT_DATABASE
-from pgcarve.libvirt_host import LibvirtHost
-from pgcarve.load import run_pgbench, setup_transactions
+from pgcarve.control.fleet import Fleet, Guest
+from pgcarve.guest.seed import CLIENT_DATABASE
+from pgcarve.postgres.pgbench import run_pgbench, setup_transactions
+from pgcarve.virt.host import LibvirtHost
 
 from tests.integration.conftest import CarveEnv, wait_for, wait_operation
 

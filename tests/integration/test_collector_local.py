@@ -24,9 +24,9 @@ from typing import Any
 
 import psycopg
 import pytest
-from pgcarve.collector import Collector, StandbyState, Target
-from pgcarve.guest_config import MANAGER_DATABASE
-from pgcarve.rates import RateTracker, Sample, Snapshot
+from pgcarve.control.collector import Collector, StandbyState, Target
+from pgcarve.control.rates import RateTracker, Sample, Snapshot
+from pgcarve.guest.seed import MANAGER_DATABASE
 from psycopg import sql
 
 pytestmark = pytest.mark.localpg

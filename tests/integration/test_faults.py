@@ -26,10 +26,10 @@ from typing import Any
 import pytest
 import yaml
 from pgcarve.config import FleetConfig
+from pgcarve.control.fleet import Fleet
+from pgcarve.control.scaler import Scaler
 from pgcarve.errors import CapacityError
-from pgcarve.fleet import Fleet
-from pgcarve.guest_config import CLIENT_DATABASE
-from pgcarve.scaler import Scaler
+from pgcarve.guest.seed import CLIENT_DATABASE
 from psycopg.conninfo import make_conninfo
 
 from tests.conftest import image_dir

@@ -28,11 +28,11 @@ from typing import Any
 
 import pytest
 from pgcarve.config import FleetConfig, Paths, load_fleet_config
-from pgcarve.domain_xml import Disk, DomainSpec, InstanceMetadata, Nic
+from pgcarve.control.fleet import Fleet, Guest
+from pgcarve.control.service import ManagerService
 from pgcarve.errors import PgcarveError
-from pgcarve.fleet import Fleet, Guest
-from pgcarve.sandbox import REQUIRED_TOOLS, Sandbox
-from pgcarve.service import ManagerService
+from pgcarve.sandbox.hosts import REQUIRED_TOOLS, Sandbox
+from pgcarve.virt.domain_xml import Disk, DomainSpec, InstanceMetadata, Nic
 
 pytestmark = pytest.mark.integration
 

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import httpx
 import pytest
-from pgcarve.service import ManagerService
+from pgcarve.control.service import ManagerService
 
 from tests.utils.fakes import FakeCollector, FakeSupervisor, standby
 from tests.utils.live_api import LiveApi, instance_names, serve_live_api

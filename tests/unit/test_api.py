@@ -12,9 +12,9 @@ import libvirt
 import pytest
 from fastapi.testclient import TestClient
 from pgcarve.config import FleetConfig, HostConfig, Paths, Replication
-from pgcarve.domain_xml import DomainSpec, InstanceMetadata, Nic, mac_for
-from pgcarve.scaler import plan_scale
-from pgcarve.service import ManagerService
+from pgcarve.control.scaler import plan_scale
+from pgcarve.control.service import ManagerService
+from pgcarve.virt.domain_xml import DomainSpec, InstanceMetadata, Nic, mac_for
 from pgcarve_api.main import create_app
 from pgcarve_api.settings import Settings
 

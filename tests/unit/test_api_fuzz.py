@@ -10,7 +10,7 @@ import pytest
 import schemathesis
 from hypothesis import HealthCheck, settings
 from pgcarve.config import FleetConfig, HostConfig, Paths, Replication
-from pgcarve.service import ManagerService
+from pgcarve.control.service import ManagerService
 from pgcarve_api.main import create_app
 from pgcarve_api.settings import Settings
 

@@ -8,8 +8,8 @@ import json
 import shutil
 from pathlib import Path
 
-from pgcarve import bench
-from pgcarve.topology import parse_capabilities
+from bench import harness_all as bench
+from pgcarve.planning.topology import parse_capabilities
 
 
 def test_control_plane_smoke(tmp_path: Path) -> None:

@@ -8,7 +8,7 @@ from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
-from pgcarve.cli import api_transactions_during
+from pgcarve.cli.main import api_transactions_during
 
 
 @pytest.fixture()

@@ -6,7 +6,8 @@ from pathlib import Path
 
 import libvirt
 import pytest
-from pgcarve.domain_xml import (
+from pgcarve.errors import ConfigError
+from pgcarve.virt.domain_xml import (
     Disk,
     DomainSpec,
     InstanceMetadata,
@@ -14,8 +15,7 @@ from pgcarve.domain_xml import (
     mac_for,
     vcpu_pins_from_xml,
 )
-from pgcarve.errors import ConfigError
-from pgcarve.libvirt_host import LibvirtHost
+from pgcarve.virt.host import LibvirtHost
 
 GOLDEN = Path(__file__).resolve().parent.parent / "data" / "domain_xml"
 

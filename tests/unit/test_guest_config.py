@@ -5,7 +5,7 @@ import json
 
 import pytest
 from pgcarve.errors import ConfigError
-from pgcarve.guest_config import Credentials, GuestSeed, scram_verifier, synchronous_standby_names
+from pgcarve.guest.seed import Credentials, GuestSeed, scram_verifier, synchronous_standby_names
 
 CREDS = Credentials(admin_password="a" * 24, replication_password="b" * 24)
 

@@ -11,7 +11,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from pgcarve.errors import CapacityError, ConfigError
-from pgcarve.planner import (
+from pgcarve.planning.planner import (
     HostPlan,
     PlannerConfig,
     capacity,
@@ -20,7 +20,7 @@ from pgcarve.planner import (
     plan_to_dict,
     time_plan,
 )
-from pgcarve.topology import HostTopology, parse_capabilities
+from pgcarve.planning.topology import HostTopology, parse_capabilities
 
 CAPS_DIR = Path(__file__).resolve().parent.parent / "data" / "capabilities"
 FIXTURES = ["local-2cpu", "single-node-64t", "two-socket-128t", "eight-node-512t", "test-driver"]

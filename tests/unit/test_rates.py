@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from pgcarve.rates import InstanceRate, RateTracker, Sample, Snapshot
+from pgcarve.control.rates import InstanceRate, RateTracker, Sample, Snapshot
 
 
 class FakeWall:

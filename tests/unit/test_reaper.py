@@ -9,9 +9,9 @@ import sys
 import time
 from pathlib import Path
 
-import pgcarve.reaper
+import pgcarve.sandbox.reaper
 
-REAPER = Path(pgcarve.reaper.__file__)
+REAPER = Path(pgcarve.sandbox.reaper.__file__)
 
 
 def gone(pid: int) -> bool:

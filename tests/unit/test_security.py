@@ -34,12 +34,12 @@ import yaml
 from fastapi import FastAPI
 from fastapi.routing import APIRoute
 from fastapi.testclient import TestClient
-from pgcarve import guest_config
+from pgcarve.guest import seed as guest_config
 from pgcarve.config import FleetConfig, HostConfig, Paths, Replication, load_fleet_config
-from pgcarve.domain_xml import Disk, DomainSpec, InstanceMetadata, Nic, mac_for
+from pgcarve.control.service import ManagerService
 from pgcarve.errors import ConfigError
-from pgcarve.guest_config import Credentials, GuestSeed, new_secret
-from pgcarve.service import ManagerService
+from pgcarve.guest.seed import Credentials, GuestSeed, new_secret
+from pgcarve.virt.domain_xml import Disk, DomainSpec, InstanceMetadata, Nic, mac_for
 from pgcarve_api import routes as routes_package
 from pgcarve_api import security
 from pgcarve_api.main import create_app

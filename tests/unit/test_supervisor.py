@@ -12,10 +12,10 @@ from pathlib import Path
 import libvirt
 import pytest
 from pgcarve.config import FleetConfig, HostConfig, Paths, Recovery, Replication
-from pgcarve.domain_xml import InstanceMetadata
-from pgcarve.fleet import Fleet
-from pgcarve.recovery import lsn_value
-from pgcarve.supervisor import Incident, Supervisor
+from pgcarve.control.fleet import Fleet
+from pgcarve.control.recovery import lsn_value
+from pgcarve.control.supervisor import Incident, Supervisor
+from pgcarve.virt.domain_xml import InstanceMetadata
 
 from tests.unit.test_api import define, reset_test_driver
 

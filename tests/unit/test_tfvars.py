@@ -25,11 +25,11 @@ from typing import Any
 
 import pytest
 from pgcarve.config import FleetConfig, HostConfig, InstanceSize, Paths, Replication
-from pgcarve.domain_xml import Disk, DomainSpec, InstanceMetadata, Nic, mac_for
+from pgcarve.control.fleet import Fleet, instance_name
 from pgcarve.errors import CapacityError, ConfigError, ImageMissing
-from pgcarve.fleet import Fleet, instance_name
-from pgcarve.planner import capacity
+from pgcarve.planning.planner import capacity
 from pgcarve.tfvars import render_tfvars, tfvars_document
+from pgcarve.virt.domain_xml import Disk, DomainSpec, InstanceMetadata, Nic, mac_for
 
 REPO = Path(__file__).resolve().parents[2]
 MODULE = REPO / "terraform"

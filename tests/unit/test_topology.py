@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 from pgcarve.errors import ConfigError
-from pgcarve.topology import HostTopology, format_cpuset, parse_capabilities, parse_cpuset
+from pgcarve.planning.topology import HostTopology, format_cpuset, parse_capabilities, parse_cpuset
 
 CAPS_DIR = Path(__file__).resolve().parent.parent / "data" / "capabilities"
 FIXTURES = ["local-2cpu", "single-node-64t", "two-socket-128t", "eight-node-512t"]

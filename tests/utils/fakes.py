@@ -13,9 +13,9 @@ import time
 from collections.abc import Callable, Iterable, Mapping
 from types import MappingProxyType
 
-from pgcarve.collector import StandbyState, Target
-from pgcarve.rates import Sample
-from pgcarve.supervisor import Incident
+from pgcarve.control.collector import StandbyState, Target
+from pgcarve.control.rates import Sample
+from pgcarve.control.supervisor import Incident
 
 
 class FakeCollector:

@@ -22,11 +22,11 @@ from pathlib import Path
 
 import libvirt
 import uvicorn
-from pgcarve.collector import Target
 from pgcarve.config import FleetConfig, Paths
-from pgcarve.domain_xml import DomainSpec, InstanceMetadata, Nic, mac_for
-from pgcarve.rates import Sample
-from pgcarve.service import ManagerService
+from pgcarve.control.collector import Target
+from pgcarve.control.rates import Sample
+from pgcarve.control.service import ManagerService
+from pgcarve.virt.domain_xml import DomainSpec, InstanceMetadata, Nic, mac_for
 from pgcarve_api.main import create_app
 from pgcarve_api.settings import Settings
 

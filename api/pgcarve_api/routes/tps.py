@@ -4,7 +4,7 @@ from collections.abc import AsyncIterator
 
 from fastapi import APIRouter, Query, Request
 from fastapi.responses import StreamingResponse
-from pgcarve.rates import Snapshot
+from pgcarve.control.rates import Snapshot
 
 from pgcarve_api.deps import ReadAuth, ServiceDep
 from pgcarve_api.schemas import TpsOut

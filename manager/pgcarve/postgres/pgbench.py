@@ -17,9 +17,9 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
+from pgcarve.control.fleet import Fleet, Guest
 from pgcarve.errors import ConfigError, PgcarveError
-from pgcarve.fleet import Fleet, Guest
-from pgcarve.guest_config import CLIENT_DATABASE
+from pgcarve.guest.seed import CLIENT_DATABASE
 
 INSERT_SCRIPT = "insert into test(info) values (null);\n"
 CREATE_TABLE = "create table if not exists test(id serial primary key, info text, crt_time timestamp)"

@@ -5,7 +5,7 @@ route to. A forward is a small process that listens on 127.0.0.1 in the caller's
 opens each outgoing connection from inside the sandbox namespace: it binds its listening socket
 first, then joins the namespace with setns(2), so later sockets are created in there.
 
-    python -m pgcarve.forward --netns /run/netns/NS --target 10.77.0.12:5432 --state FILE.json
+    python -m pgcarve.sandbox.forward --netns /run/netns/NS --target 10.77.0.12:5432 --state FILE.json
 
 Each forward records {pid, port, target, netns} in its state file; pgcarve stops it by that PID.
 """
@@ -171,7 +171,7 @@ class ForwardRegistry:
         state = self._file(name)
         state.unlink(missing_ok=True)
         proc = subprocess.Popen(
-            [sys.executable, "-m", "pgcarve.forward", "--netns", netns, "--target", target,
+            [sys.executable, "-m", "pgcarve.sandbox.forward", "--netns", netns, "--target", target,
              "--state", str(state), "--port", str(preferred)],
             stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
             start_new_session=True,

@@ -17,11 +17,11 @@ from dataclasses import dataclass
 
 import psycopg
 
+from pgcarve.control.fleet import Fleet, Instance, Progress, no_progress
 from pgcarve.errors import Conflict, GuestNotReady
-from pgcarve.fleet import Fleet, Instance, Progress, no_progress
-from pgcarve.guest_config import application_name
+from pgcarve.guest.seed import application_name
 
-log = logging.getLogger("pgcarve.scaler")
+log = logging.getLogger("pgcarve.control.scaler")
 
 
 @dataclass(frozen=True)

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 from pgcarve.errors import ConfigError
-from pgcarve.topology import format_cpuset, parse_cpuset
+from pgcarve.planning.topology import format_cpuset, parse_cpuset
 
 METADATA_NS = "urn:pgcarve:instance:1"
 METADATA_PREFIX = "pgcarve"

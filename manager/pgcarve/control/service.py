@@ -15,19 +15,19 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from pgcarve.collector import Collector, StandbyState, Target
 from pgcarve.config import FleetConfig, Paths
+from pgcarve.control.collector import Collector, StandbyState, Target
+from pgcarve.control.fleet import Fleet, Instance
+from pgcarve.control.operations import Operation, OperationQueue
+from pgcarve.control.rates import RateTracker, Snapshot
+from pgcarve.control.scaler import Scaler
+from pgcarve.control.supervisor import Incident, Supervisor
 from pgcarve.errors import CapacityError, ConfigError, NotFound, PgcarveError
-from pgcarve.fleet import Fleet, Instance
-from pgcarve.guest_config import ADMIN_USER, application_name
-from pgcarve.libvirt_host import start_event_loop
-from pgcarve.operations import Operation, OperationQueue
-from pgcarve.planner import explain, plan_host, plan_to_dict
-from pgcarve.rates import RateTracker, Snapshot
-from pgcarve.scaler import Scaler
-from pgcarve.supervisor import Incident, Supervisor
+from pgcarve.guest.seed import ADMIN_USER, application_name
+from pgcarve.planning.planner import explain, plan_host, plan_to_dict
+from pgcarve.virt.host import start_event_loop
 
-log = logging.getLogger("pgcarve.service")
+log = logging.getLogger("pgcarve.control.service")
 
 
 @dataclass(frozen=True)

@@ -1,4 +1,4 @@
-"""Benchmarks: ``python -m pgcarve.bench [--size smoke|small|full] [--out bench/results] [--cases ...]``.
+"""Benchmarks: ``python -m bench [--size smoke|small|full] [--out bench/results] [--cases ...]``.
 
 ``make bench`` runs this module with ``$(BENCH_ARGS)``. Three parts, each written as JSON and a
 PNG chart into ``--out``, plus ``summary.md`` rebuilt from every JSON found there (so parts run
@@ -48,20 +48,19 @@ from pathlib import Path
 from typing import Any
 
 import libvirt
+from pgcarve.config import FleetConfig, HostConfig, InstanceSize, Paths, Replication, load_fleet_config
+from pgcarve.control.fleet import Fleet, Guest, Instance, Progress, instance_name, no_progress
+from pgcarve.control.scaler import Scaler
+from pgcarve.errors import PgcarveError
+from pgcarve.guest.seed import CLIENT_DATABASE, GuestSeed, write_seed_iso
+from pgcarve.planning.planner import PlannerConfig, capacity, time_plan
+from pgcarve.planning.topology import HostTopology, parse_capabilities
+from pgcarve.postgres.pgbench import CREATE_TABLE, INSERT_SCRIPT, PgbenchResult, pgbench_path, run_pgbench
+from pgcarve.virt.domain_xml import DomainSpec, InstanceMetadata, vcpu_pins_from_xml
+from pgcarve.virt.host import BaseImage, LibvirtHost
 from psycopg import sql
 
-from pgcarve.config import FleetConfig, HostConfig, InstanceSize, Paths, Replication, load_fleet_config
-from pgcarve.domain_xml import DomainSpec, InstanceMetadata, vcpu_pins_from_xml
-from pgcarve.errors import PgcarveError
-from pgcarve.fleet import Fleet, Guest, Instance, Progress, instance_name, no_progress
-from pgcarve.guest_config import CLIENT_DATABASE, GuestSeed, write_seed_iso
-from pgcarve.libvirt_host import BaseImage, LibvirtHost
-from pgcarve.load import CREATE_TABLE, INSERT_SCRIPT, PgbenchResult, pgbench_path, run_pgbench
-from pgcarve.planner import PlannerConfig, capacity, time_plan
-from pgcarve.scaler import Scaler
-from pgcarve.topology import HostTopology, parse_capabilities
-
-REPO_DIR = Path(__file__).resolve().parents[2]
+REPO_DIR = Path(__file__).resolve().parents[1]
 BENCH_DIR = REPO_DIR / "bench"
 DEFAULT_OUT = BENCH_DIR / "results"
 DEFAULT_STATE = Path("/var/tmp/pgcarve-bench")
@@ -569,10 +568,9 @@ def control_plane(out: Path | None, instances: int = 256, requests: int = 500, h
                   parallel: int = 8, scaler_path: bool = True, transports: Sequence[str] = ("testclient", "uvicorn"),
                   size: str = "custom", charts: bool = True) -> dict[str, Any]:
     """The control-plane benchmark on libvirt's test driver; writes control-plane.json/.png to `out`."""
+    from pgcarve.control.service import ManagerService
     from pgcarve_api.main import create_app
     from pgcarve_api.settings import Settings
-
-    from pgcarve.service import ManagerService
 
     doc: dict[str, Any] = {"part": CONTROL_PLANE, **run_meta(size)}
     td_file = ensure_fixture(TESTDRIVER_FILE, testdriver_xml())
@@ -683,7 +681,7 @@ def guest_hosts(paths: Paths, hosts: int, hosts_file: Path | None, record: dict[
         record["hosts"] = {"kind": "hosts file", "file": str(hosts_file), "hosts": [h.name for h in config.hosts]}
         yield config
         return
-    from pgcarve.sandbox import Sandbox
+    from pgcarve.sandbox.hosts import Sandbox
 
     sandbox = Sandbox(paths.sandbox_dir)
     if sandbox.is_up():
@@ -811,10 +809,9 @@ def scale_out(out: Path | None, paths: Paths, hosts: int, standbys: int, steps: 
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         from fastapi.testclient import TestClient
+    from pgcarve.control.service import ManagerService
     from pgcarve_api.main import create_app
     from pgcarve_api.settings import Settings
-
-    from pgcarve.service import ManagerService
 
     doc: dict[str, Any] = {"part": SCALE_OUT, **run_meta(size), "notes": list(notes)}
     results: list[dict[str, Any]] = []
@@ -1438,7 +1435,7 @@ def _setup_text(setup: dict[str, Any]) -> str:
 
 def summary_markdown(out: Path) -> str:
     lines = ["# pgcarve benchmark results", "",
-             "Written by `python -m pgcarve.bench` (`make bench`); each section comes from the JSON file named in "
+             "Written by `python -m bench` (`make bench`); each section comes from the JSON file named in "
              "it. See `bench/README.md` for what each part measures and how to reproduce it.", ""]
     cp_path = out / "control-plane.json"
     if cp_path.exists():
@@ -1566,7 +1563,7 @@ def write_summary(out: Path) -> Path:
 
 
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(prog="python -m pgcarve.bench", description=__doc__.split("\n\n")[0],
+    parser = argparse.ArgumentParser(prog="python -m bench", description=__doc__.split("\n\n")[0],
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--size", choices=sorted(SIZES), default="small",
                         help="smoke: minutes, proves the harness; small: this 2-CPU machine (default); "

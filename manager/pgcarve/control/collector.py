@@ -2,7 +2,7 @@
 
 One persistent autocommit connection per target (``application_name=pgcarve-collector``),
 one round trip per target per poll, all targets polled concurrently. Samples go to a
-:class:`~pgcarve.rates.RateTracker`, which turns them into TPS/QPS. A round waits for its
+:class:`~pgcarve.control.rates.RateTracker`, which turns them into TPS/QPS. A round waits for its
 polls at most ``round_timeout_s``; a slower poll (unreachable host, paused guest) finishes in
 the background and is used by a later round, so one bad target never slows the others.
 
@@ -63,8 +63,8 @@ from typing import Any
 import psycopg
 from psycopg import sql
 
-from pgcarve.guest_config import MANAGER_DATABASE
-from pgcarve.rates import RateTracker, Sample, Snapshot
+from pgcarve.control.rates import RateTracker, Sample, Snapshot
+from pgcarve.guest.seed import MANAGER_DATABASE
 
 log = logging.getLogger(__name__)
 

@@ -26,6 +26,7 @@ from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
 from pgcarve.config import FleetConfig, Paths, default_paths, load_fleet_config
+from pgcarve.control.fleet import Fleet, Instance
 from pgcarve.errors import (
     CapacityError,
     ConfigError,
@@ -35,9 +36,8 @@ from pgcarve.errors import (
     NotFound,
     PgcarveError,
 )
-from pgcarve.fleet import Fleet, Instance
-from pgcarve.planner import explain, plan_host, plan_to_dict
-from pgcarve.sandbox import Sandbox
+from pgcarve.planning.planner import explain, plan_host, plan_to_dict
+from pgcarve.sandbox.hosts import Sandbox
 
 console = Console(stderr=True)
 # Tables hold DSNs: never truncate them, even when stdout is not a terminal.
@@ -153,7 +153,7 @@ def cmd_sandbox(args: argparse.Namespace, paths: Paths) -> int:
 
 
 def cmd_up(args: argparse.Namespace, paths: Paths) -> int:
-    from pgcarve.scaler import Scaler
+    from pgcarve.control.scaler import Scaler
 
     server = read_server(paths)
     if server is not None:
@@ -238,7 +238,7 @@ def cmd_plan(args: argparse.Namespace, paths: Paths) -> int:
 
 
 def cmd_load(args: argparse.Namespace, paths: Paths) -> int:
-    from pgcarve.load import run_on_primaries, setup_transactions
+    from pgcarve.postgres.pgbench import run_on_primaries, setup_transactions
 
     fleet = Fleet(load_config(paths, args.hosts_file), paths)
     console.print(f"pgbench: insert-only, {args.clients} clients x {args.jobs} threads, {args.seconds} s "
@@ -304,7 +304,7 @@ def read_server(paths: Paths) -> dict[str, Any] | None:
         data: dict[str, Any] = json.loads(paths.server_file.read_text())
     except (FileNotFoundError, json.JSONDecodeError):
         return None
-    from pgcarve.forward import pid_alive
+    from pgcarve.sandbox.forward import pid_alive
 
     return data if pid_alive(int(data.get("pid", 0))) else None
 
@@ -355,7 +355,7 @@ def cmd_server(args: argparse.Namespace, paths: Paths) -> int:
 
     import httpx
 
-    from pgcarve.forward import stop_pid
+    from pgcarve.sandbox.forward import stop_pid
 
     server = read_server(paths)
     if args.action == "stop":

@@ -22,10 +22,8 @@ from pathlib import Path
 import psycopg
 
 from pgcarve.config import FleetConfig, HostConfig, Paths
-from pgcarve.domain_xml import Disk, DomainSpec, InstanceMetadata, Nic, mac_for
 from pgcarve.errors import CapacityError, ConfigError, GuestNotReady, ImageMissing, NotFound, PgcarveError
-from pgcarve.forward import ForwardRegistry
-from pgcarve.guest_config import (
+from pgcarve.guest.seed import (
     ADMIN_USER,
     CLIENT_DATABASE,
     MANAGER_DATABASE,
@@ -37,9 +35,11 @@ from pgcarve.guest_config import (
     synchronous_standby_names,
     write_seed_iso,
 )
-from pgcarve.libvirt_host import BaseImage, GuestInfo, LibvirtHost
-from pgcarve.planner import HostPlan, InstanceSlot, PlannerConfig, capacity, plan_host
-from pgcarve.topology import HostTopology
+from pgcarve.planning.planner import HostPlan, InstanceSlot, PlannerConfig, capacity, plan_host
+from pgcarve.planning.topology import HostTopology
+from pgcarve.sandbox.forward import ForwardRegistry
+from pgcarve.virt.domain_xml import Disk, DomainSpec, InstanceMetadata, Nic, mac_for
+from pgcarve.virt.host import BaseImage, GuestInfo, LibvirtHost
 
 Progress = Callable[[str, str, float], None]  # (guest name, what is happening, fraction done)
 BOOT_TIMEOUT_S = float(os.environ.get("PGCARVE_BOOT_TIMEOUT", "600"))

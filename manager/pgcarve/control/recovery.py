@@ -16,11 +16,11 @@ import psycopg
 from psycopg import sql
 
 from pgcarve.config import HostConfig
+from pgcarve.control.fleet import Fleet, Guest, Instance, Progress, instance_name, no_progress, standby_name
 from pgcarve.errors import GuestNotReady, PgcarveError
-from pgcarve.fleet import Fleet, Guest, Instance, Progress, instance_name, no_progress, standby_name
-from pgcarve.guest_config import REPLICATION_USER, application_name, slot_name
+from pgcarve.guest.seed import REPLICATION_USER, application_name, slot_name
 
-log = logging.getLogger("pgcarve.recovery")
+log = logging.getLogger("pgcarve.control.recovery")
 
 
 def lsn_value(lsn: str | None) -> int:

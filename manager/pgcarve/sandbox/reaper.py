@@ -5,7 +5,7 @@ orphans vanish when whoever adopted them collects them. PID 1 does that on a nor
 (systemd, immediately); in some containers and microVMs PID 1 collects orphans only every second
 or two, which delayed every "guest stopped" event, and so every repair, by that much.
 
-`python -m pgcarve.reaper PIDFILE COMMAND...` runs COMMAND (which starts daemons that detach)
+`python -m pgcarve.sandbox.reaper PIDFILE COMMAND...` runs COMMAND (which starts daemons that detach)
 from a child subreaper (prctl PR_SET_CHILD_SUBREAPER): the daemons, and every QEMU process
 they start later, are re-parented to it and collected the moment they exit. The caller gets
 COMMAND's exit status and error output as usual; the reaper stays behind, records its PID in
@@ -42,7 +42,7 @@ def _reap_until_alone(pid_file: Path) -> None:
 
 def main(argv: list[str]) -> int:
     if len(argv) < 2:
-        sys.stderr.write("usage: python -m pgcarve.reaper PIDFILE COMMAND...\n")
+        sys.stderr.write("usage: python -m pgcarve.sandbox.reaper PIDFILE COMMAND...\n")
         return 2
     pid_file, command = Path(argv[0]), argv[1:]
     read_end, write_end = os.pipe()
@@ -67,7 +67,7 @@ def main(argv: list[str]) -> int:
             err.seek(0)
             output = err.read()
     except Exception as exc:  # reported to the caller, who shows it
-        status, output = 1, f"pgcarve.reaper: {exc}\n".encode()
+        status, output = 1, f"pgcarve.sandbox.reaper: {exc}\n".encode()
     os.write(write_end, f"{status}\n".encode() + output)
     os.close(write_end)
     devnull = os.open(os.devnull, os.O_RDWR)

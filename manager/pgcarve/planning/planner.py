@@ -13,7 +13,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from pgcarve.errors import CapacityError, ConfigError
-from pgcarve.topology import HostTopology, format_cpuset
+from pgcarve.planning.topology import HostTopology, format_cpuset
 
 # Below this many CPUs a dedicated housekeeping core would cost too large a share of the host.
 AUTO_HOUSEKEEPING_MIN_CPUS = 8

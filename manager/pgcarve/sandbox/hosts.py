@@ -27,8 +27,8 @@ from pathlib import Path
 
 from pgcarve.config import FleetConfig, HostConfig, InstanceSize, Replication, write_fleet_config
 from pgcarve.errors import SandboxError
-from pgcarve.forward import ForwardRegistry, pid_alive, stop_pid
-from pgcarve.libvirt_host import LibvirtHost
+from pgcarve.sandbox.forward import ForwardRegistry, pid_alive, stop_pid
+from pgcarve.virt.host import LibvirtHost
 
 REQUIRED_TOOLS = ("ip", "unshare", "libvirtd", "virtlogd", "qemu-system-x86_64", "dnsmasq", "qemu-img")
 GUEST_NET = "10.77.{i}.0/24"

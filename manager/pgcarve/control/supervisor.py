@@ -21,12 +21,12 @@ from collections import deque
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 
+from pgcarve.control.fleet import Fleet, Instance
+from pgcarve.control.recovery import Recovery
 from pgcarve.errors import NotFound, PgcarveError
-from pgcarve.fleet import Fleet, Instance
-from pgcarve.libvirt_host import GuestEvent, LifecycleWatch
-from pgcarve.recovery import Recovery
+from pgcarve.virt.host import GuestEvent, LifecycleWatch
 
-log = logging.getLogger("pgcarve.supervisor")
+log = logging.getLogger("pgcarve.control.supervisor")
 
 
 @dataclass

@@ -20,7 +20,9 @@ from typing import Literal
 
 import libvirt
 
-from pgcarve.domain_xml import (
+from pgcarve.errors import GuestNotReady, HostUnreachable, LibvirtFailure, NotFound
+from pgcarve.planning.topology import HostTopology, parse_capabilities
+from pgcarve.virt.domain_xml import (
     CREATING_NS,
     METADATA_NS,
     METADATA_PREFIX,
@@ -29,8 +31,6 @@ from pgcarve.domain_xml import (
     format_cpuset,
     parse_cpuset,
 )
-from pgcarve.errors import GuestNotReady, HostUnreachable, LibvirtFailure, NotFound
-from pgcarve.topology import HostTopology, parse_capabilities
 
 # libvirt prints every error to stderr by default; we report them ourselves.
 libvirt.registerErrorHandler(lambda _ctx, _err: None, None)

@@ -1,0 +1,1 @@
+"""pgcarve's benchmarks, beside the product (`make bench`, `python -m bench`); see bench/README.md."""
