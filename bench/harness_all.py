@@ -48,16 +48,20 @@ from pathlib import Path
 from typing import Any
 
 import libvirt
-from pgcarve.config import FleetConfig, HostConfig, InstanceSize, Paths, Replication, load_fleet_config
-from pgcarve.control.fleet import Fleet, Guest, Instance, Progress, instance_name, no_progress
+from pgcarve.config import FleetConfig, HostConfig, InstanceSize, Replication, load_fleet_config
+from pgcarve.control.fleet import Fleet, Guest, Instance, Progress, no_progress
 from pgcarve.control.scaler import Scaler
 from pgcarve.errors import PgcarveError
-from pgcarve.guest.seed import CLIENT_DATABASE, GuestSeed, write_seed_iso
-from pgcarve.planning.planner import PlannerConfig, capacity, time_plan
+from pgcarve.guest.seed import GuestSeed, write_seed_iso
+from pgcarve.naming import instance_name
+from pgcarve.planning.planner import PlannerConfig, capacity, plan_host
 from pgcarve.planning.topology import HostTopology, parse_capabilities
 from pgcarve.postgres.pgbench import CREATE_TABLE, INSERT_SCRIPT, PgbenchResult, pgbench_path, run_pgbench
+from pgcarve.postgres.session import CLIENT_DATABASE
+from pgcarve.settings import Paths
 from pgcarve.virt.domain_xml import DomainSpec, InstanceMetadata, vcpu_pins_from_xml
-from pgcarve.virt.host import BaseImage, LibvirtHost
+from pgcarve.virt.host import LibvirtHost
+from pgcarve.virt.storage import BaseImage
 from psycopg import sql
 
 REPO_DIR = Path(__file__).resolve().parents[1]
@@ -345,7 +349,7 @@ class TestDriverHost(LibvirtHost):
         super().create_overlay(name, base_volume, 1)
 
     def upload_file(self, name: str, source: Path) -> None:
-        pool = self.ensure_pool()
+        pool = self.storage.ensure_pool()
         with contextlib.suppress(libvirt.libvirtError):
             pool.storageVolLookupByName(name).delete(0)
         root = ET.Element("volume")
@@ -369,7 +373,7 @@ class TestDriverFleet(Fleet):
     def image_on(self, host: str) -> BaseImage:
         with self._locks[host]:
             if host not in self._images:
-                pool = self.hosts[host].ensure_pool()
+                pool = self.hosts[host].storage.ensure_pool()
                 if self.BASE_VOLUME not in pool.listVolumes():
                     pool.createXML(
                         f"<volume><name>{self.BASE_VOLUME}</name><capacity unit='GiB'>2</capacity>"
@@ -416,7 +420,7 @@ def reconcile_control_plane(fleet: Fleet, instances: int, parallel: int) -> dict
         t1 = time.perf_counter()
         lv = fleet.hosts[host.name]
         name = instance_name(fleet.config.fleet, index)
-        lv.create_overlay(f"{name}.qcow2", images[host.name].disk, fleet.config.instance.disk_gib)
+        lv.storage.create_overlay(f"{name}.qcow2", images[host.name].disk, fleet.config.instance.disk_gib)
         t2 = time.perf_counter()
         spec = _domain_spec(fleet, host, index, images[host.name])  # includes Fleet.slot (plan_host)
         t3 = time.perf_counter()
@@ -545,6 +549,16 @@ def seed_iso_ms(fleet: Fleet, repeat: int = 5) -> float:
             write_seed_iso(seed, f"bench-{k}", Path(tmp) / f"seed-{k}.iso")
             times.append((time.perf_counter() - t) * 1000)
     return round(percentile(times, 50), 2)
+
+
+def time_plan(topology: HostTopology, config: PlannerConfig, instances: int, repeat: int = 1) -> float:
+    """The wall time in seconds of ``plan_host`` (best of ``repeat`` runs)."""
+    best = float("inf")
+    for _ in range(max(1, repeat)):
+        start = time.perf_counter()
+        plan_host(topology, config, instances)
+        best = min(best, time.perf_counter() - start)
+    return best
 
 
 def planner_timing(repeat: int = 50) -> dict[str, Any]:
@@ -1016,7 +1030,8 @@ def run_load(fleet: Fleet, targets: Sequence[LoadTarget], seconds: int, sampling
 
     def one(target: LoadTarget) -> PgbenchResult:
         extra = ("-P", "1", "-l", f"--log-prefix={prefixes[target.label]}", f"--sampling-rate={sampling_rate}")
-        return run_pgbench(fleet, target.guest, target.clients, target.jobs, seconds, script=target.script,
+        return run_pgbench(target.guest.name, target.guest.endpoint, fleet.credentials.admin_password,
+                           target.clients, target.jobs, seconds, script=target.script,
                            extra_args=extra)
 
     t = time.time()

@@ -10,7 +10,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 from fastapi.staticfiles import StaticFiles
-from pgcarve.config import Paths, load_fleet_config
+from pgcarve.config import load_fleet_config
 from pgcarve.control.service import ManagerService
 from pgcarve.errors import (
     CapacityError,
@@ -94,14 +94,15 @@ async def _empty_receive() -> Message:
 def create_app(settings: Settings | None = None, service: ManagerService | None = None) -> FastAPI:
     """The app; pass a service to share one (tests), else it is built from the settings."""
     settings = settings or get_settings()
-    paths = Paths(settings.state_dir)
+    paths = settings.paths
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         owned = app.state.service is None
         if owned:
-            config = load_fleet_config(paths.hosts_file(str(settings.hosts_file) if settings.hosts_file else None))
+            config = load_fleet_config(settings.hosts_file_path())
             app.state.service = ManagerService(config, paths, refresh_s=settings.refresh_s,
+                                               boot_timeout_s=settings.boot_timeout,
                                                collect=settings.collect,
                                                collect_interval_s=settings.collect_interval_s,
                                                supervise=settings.supervise)

@@ -1,25 +1,25 @@
-"""`pgcarve serve`: run the API with uvicorn and record where it listens (server.json)."""
+"""`python -m pgcarve_api` (what `pgcarve serve` runs): the API under uvicorn, recording where
+it listens in the state directory's server.json."""
 
 from __future__ import annotations
 
+import argparse
 import json
 import logging
 import os
 import sys
-from pathlib import Path
 
 import uvicorn
-from pgcarve.config import Paths
 
 from pgcarve_api.main import create_app
 from pgcarve_api.security import load_or_create_token
 from pgcarve_api.settings import Settings
 
 
-def serve(host: str, port: int, hosts_file: str | None, paths: Paths) -> int:
+def serve(settings: Settings) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    settings = Settings(state_dir=paths.state_dir, hosts_file=Path(hosts_file) if hosts_file else None,
-                        bind=host, port=port)
+    paths = settings.paths
+    host, port = settings.bind, settings.port
     token, created = load_or_create_token(settings.token, paths.token_file)
     if created and sys.stderr.isatty():
         # Shown once, on first start, to a person at a terminal; never written into a log file.
@@ -34,3 +34,14 @@ def serve(host: str, port: int, hosts_file: str | None, paths: Paths) -> int:
     finally:
         paths.server_file.unlink(missing_ok=True)
     return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m pgcarve_api", description="pgcarve's REST API and dashboard")
+    parser.add_argument("--bind", help="address to listen on (PGCARVE_BIND, default 127.0.0.1)")
+    parser.add_argument("--port", type=int, help="port to listen on (PGCARVE_PORT, default 8080)")
+    parser.add_argument("--hosts-file", help="hosts.yaml (PGCARVE_HOSTS_FILE, else ./hosts.yaml, else the sandbox's)")
+    args = parser.parse_args(argv)
+    overrides = {k: v for k, v in (("bind", args.bind), ("port", args.port), ("hosts_file", args.hosts_file))
+                 if v is not None}
+    return serve(Settings(**overrides))

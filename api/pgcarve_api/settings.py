@@ -1,21 +1,17 @@
-"""API server settings (environment variables PGCARVE_*), behind a cached dependency."""
+"""API server settings (environment variables PGCARVE_*), behind a cached dependency.
+
+The manager's own settings (state directory, image, hosts file, boot timeout, bind, port,
+token) come from pgcarve.settings.Settings; the API adds how it serves and polls.
+"""
 
 from __future__ import annotations
 
 import functools
-from pathlib import Path
 
-from pydantic_settings import BaseSettings, SettingsConfigDict
+from pgcarve.settings import Settings as ManagerSettings
 
 
-class Settings(BaseSettings):
-    model_config = SettingsConfigDict(env_prefix="PGCARVE_", extra="ignore")
-
-    state_dir: Path = Path("/var/lib/pgcarve")
-    hosts_file: Path | None = None
-    bind: str = "127.0.0.1"
-    port: int = 8080
-    token: str | None = None  # PGCARVE_TOKEN; else generated into <state_dir>/api-token
+class Settings(ManagerSettings):
     refresh_s: float = 2.0
     collect: bool = True
     collect_interval_s: float = 1.0

@@ -1,14 +1,13 @@
-"""The hosts file (hosts.yaml) and process settings.
+"""The hosts file (hosts.yaml): the fleet's configuration.
 
 hosts.yaml says which libvirt hosts pgcarve carves and how: hosts by URI and role, the size of
-each instance, how primaries replicate. `pgcarve sandbox up` writes one for its local hosts;
-`hosts.sample.yaml` at the repository root documents every field for real hosts.
+each instance, how primaries replicate, what the HA loop does about faults. `pgcarve sandbox up`
+writes one for its local hosts; `hosts.sample.yaml` at the repository root documents every field
+for real hosts.
 """
 
 from __future__ import annotations
 
-import functools
-import os
 import re
 from pathlib import Path
 from typing import Literal
@@ -16,8 +15,8 @@ from typing import Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from pgcarve.addresses import check_network
 from pgcarve.errors import ConfigError
-from pgcarve.guest.seed import check_network
 
 NAME_PATTERN = r"^[a-z][a-z0-9-]{0,30}$"
 
@@ -51,7 +50,7 @@ class Replication(BaseModel):
         return self
 
 
-class Recovery(BaseModel):
+class RecoveryPolicy(BaseModel):
     """What the manager does when libvirt reports a guest stopped that nobody asked to stop."""
 
     model_config = ConfigDict(extra="forbid")
@@ -100,7 +99,7 @@ class FleetConfig(BaseModel):
     domain_type: Literal["auto", "kvm", "qemu"] = "auto"
     instance: InstanceSize = InstanceSize()  # type: ignore[call-arg]
     replication: Replication = Replication()  # type: ignore[call-arg]
-    recovery: Recovery = Recovery()  # type: ignore[call-arg]
+    recovery: RecoveryPolicy = RecoveryPolicy()  # type: ignore[call-arg]
     allowed_cidrs: list[str] = Field(default_factory=lambda: ["10.77.0.0/16"],
                                      description="networks allowed to log in to PostgreSQL")
     hosts: list[HostConfig]
@@ -163,52 +162,3 @@ def load_fleet_config(path: Path) -> FleetConfig:
 def write_fleet_config(config: FleetConfig, path: Path) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(yaml.safe_dump(config.model_dump(mode="json"), sort_keys=False))
-
-
-class Paths:
-    """Where pgcarve keeps its state (PGCARVE_STATE_DIR, default /var/lib/pgcarve)."""
-
-    def __init__(self, state_dir: Path) -> None:
-        self.state_dir = state_dir
-
-    @property
-    def image_dir(self) -> Path:
-        return Path(os.environ.get("PGCARVE_IMAGE_DIR", self.state_dir / "image"))
-
-    @property
-    def sandbox_dir(self) -> Path:
-        return self.state_dir / "sandbox"
-
-    @property
-    def sandbox_hosts_file(self) -> Path:
-        return self.sandbox_dir / "hosts.yaml"
-
-    @property
-    def secrets_file(self) -> Path:
-        return self.state_dir / "secrets.json"
-
-    @property
-    def token_file(self) -> Path:
-        return self.state_dir / "api-token"
-
-    @property
-    def probe_cache(self) -> Path:
-        return self.state_dir / "domain-type-probe.json"
-
-    @property
-    def server_file(self) -> Path:
-        return self.state_dir / "server.json"
-
-    def hosts_file(self, explicit: str | None = None) -> Path:
-        """The hosts file to use: --hosts-file, PGCARVE_HOSTS_FILE, ./hosts.yaml, else the sandbox's."""
-        for candidate in (explicit, os.environ.get("PGCARVE_HOSTS_FILE")):
-            if candidate:
-                return Path(candidate)
-        if Path("hosts.yaml").exists():
-            return Path("hosts.yaml")
-        return self.sandbox_hosts_file
-
-
-@functools.cache
-def default_paths() -> Paths:
-    return Paths(Path(os.environ.get("PGCARVE_STATE_DIR", "/var/lib/pgcarve")))

@@ -3,9 +3,10 @@
 `pgcarve plan --host NAME --instances N --format tfvars` prints them as JSON, to be saved as a
 `.tfvars.json` file for the module in terraform/ (JSON, not HCL: every value, seeds included,
 is emitted by the json module, so no string can need HCL escaping). The layout is the manager's
-own: instance i of the host gets the name, CPU slot (`Fleet.slot`), NUMA node, MAC and metadata
-the manager would give it, and a seed rendered with the fleet's credentials, so the manager
-lists, reaches and can log in to every guest Terraform creates.
+own: instance i of the host gets the domain the manager would define (control/provisioning.py's
+domain_spec: the placement's CPU slot and NUMA node, the MAC, the metadata) and the manager's own
+seed, rendered with the fleet's credentials, so the manager lists, reaches and can log in to
+every guest Terraform creates.
 """
 
 from __future__ import annotations
@@ -14,46 +15,27 @@ import json
 from pathlib import Path
 from typing import Any
 
-from pgcarve.config import HostConfig
-from pgcarve.control.fleet import Fleet, instance_name
-from pgcarve.errors import ConfigError, ImageMissing
-from pgcarve.guest.seed import GuestSeed
-from pgcarve.planning.planner import capacity
-from pgcarve.virt.domain_xml import DomainSpec, InstanceMetadata, mac_for
+from pgcarve.control.fleet import Fleet
+from pgcarve.control.provisioning import Provisioner
+from pgcarve.errors import ConfigError
+from pgcarve.guest.image import LocalImage
+from pgcarve.naming import instance_name
+from pgcarve.virt.domain_xml import DomainSpec, InstanceMetadata
+from pgcarve.virt.storage import BaseImage
 
-IMAGE_FILES = {"base_path": "base.qcow2", "kernel_path": "vmlinuz", "initrd_path": "initrd.img"}
 DEFAULT_CMDLINE: str = DomainSpec.cmdline  # the dataclass field's default: what the manager boots with
 
 
-def image_variable(fleet: Fleet) -> dict[str, str]:
+def image_variable(image_dir: Path) -> dict[str, str]:
     """The guest image's files (absolute paths on this machine) and its tag."""
-    image_dir = fleet.paths.image_dir.resolve()
-    inputs = image_dir / "inputs.sha256"
-    if not inputs.exists():
-        raise ImageMissing(
-            f"no guest image in {image_dir}: build it with `make image` (or images/build.sh {image_dir})"
-        )
-    image = {key: str(image_dir / filename) for key, filename in IMAGE_FILES.items()}
-    missing = [path for path in image.values() if not Path(path).exists()]
-    if missing:
-        raise ImageMissing(f"the guest image in {image_dir} is incomplete: {', '.join(missing)} missing")
-    image["tag"] = inputs.read_text().strip()[:12]
-    return image
-
-
-def first_index(fleet: Fleet, host: HostConfig) -> int:
-    """The fleet-wide index of the host's first instance (primary hosts are filled in order)."""
-    offset = 0
-    for other in fleet.config.primary_hosts:
-        if other.name == host.name:
-            return offset + 1
-        offset += capacity(fleet.topology(other.name), fleet.planner_config)
-    raise ConfigError(f"host {host.name} is not a primary host")
+    image = LocalImage(image_dir.resolve()).check()
+    return {"base_path": str(image.base), "kernel_path": str(image.kernel), "initrd_path": str(image.initrd),
+            "tag": image.tag}
 
 
 def tfvars_document(fleet: Fleet, host: str, instances: int) -> dict[str, Any]:
     """The variables of terraform/examples/sandbox (and, but for libvirt_uri, of the module) for
-    `instances` primaries on `host`: instance k (1..N) of the host takes `Fleet.slot(host, i)`
+    `instances` primaries on `host`: instance k (1..N) of the host takes `placement.slot(host, i)`
     for its fleet-wide index i, exactly as `pgcarve up` would place it."""
     host_config = fleet.config.host(host)
     if host_config.role != "primary":
@@ -62,23 +44,24 @@ def tfvars_document(fleet: Fleet, host: str, instances: int) -> dict[str, Any]:
     if instances < 0:
         raise ConfigError(f"instance count must be >= 0, not {instances}")
     size = fleet.config.instance
-    repl = fleet.config.replication
-    start = first_index(fleet, host_config)
-    image = image_variable(fleet)
-    domain_type = fleet.domain_type(host)
+    start = fleet.placement.first_index(host)
+    image = image_variable(fleet.paths.image_dir)
+    domain_type = fleet.domain_types.of(host)
+    provisioner = Provisioner(fleet)
     planned: dict[str, Any] = {}
     seeds: dict[str, dict[str, str]] = {}
     for index in range(start, start + instances):
         name = instance_name(fleet.config.fleet, index)
-        plan, slot = fleet.slot(host, index)
         meta = InstanceMetadata(fleet=fleet.config.fleet, cluster=name, role="primary", index=index,
                                 created_by="terraform")
+        # The domain the manager would define, so pins, NUMA node, memory and MAC are its own.
+        spec = provisioner.domain_spec(host_config, name, meta, _NO_VOLUMES, domain_type)
         planned[name] = {
             "disk_gib": size.disk_gib,
-            "emulator_cpus": list(plan.emulator_cpus),
-            "hugepages": size.hugepages,
-            "mac": mac_for(fleet.config.fleet, name),
-            "memory_mib": slot.memory_mib,
+            "emulator_cpus": list(spec.emulator_cpus),
+            "hugepages": spec.hugepages,
+            "mac": spec.nics[0].mac,
+            "memory_mib": spec.memory_mib,
             "metadata": {
                 "cluster": meta.cluster,
                 "created_by": meta.created_by,
@@ -87,13 +70,11 @@ def tfvars_document(fleet: Fleet, host: str, instances: int) -> dict[str, Any]:
                 "role": meta.role,
                 "standby": meta.standby,
             },
-            "numa_node": slot.numa_node,
-            "vcpu_pins": list(slot.host_cpus),
+            "numa_node": spec.numa_node,
+            "vcpu_pins": list(spec.vcpu_pins),
         }
         # Terraform creates no standbys, so the primary waits for none.
-        seed = GuestSeed(name=name, role="primary", credentials=fleet.credentials,
-                         allowed_cidrs=tuple(fleet.config.allowed_cidrs),
-                         synchronous_commit=repl.synchronous_commit, synchronous_standby_names="")
+        seed = provisioner.primary_seed(name, [])
         # A stable instance-id: the seed is only read on a guest's first boot anyway.
         seeds[name] = {"meta_data": seed.meta_data(f"{name}-terraform"), "user_data": seed.user_data()}
     return {
@@ -108,6 +89,10 @@ def tfvars_document(fleet: Fleet, host: str, instances: int) -> dict[str, Any]:
         "instances": planned,
         "seeds": seeds,
     }
+
+
+# Terraform uploads the image itself: the domain's volume names and kernel paths are its own.
+_NO_VOLUMES = BaseImage(disk="", kernel_path="", initrd_path="")
 
 
 def render_tfvars(fleet: Fleet, host: str, instances: int) -> str:

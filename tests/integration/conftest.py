@@ -20,9 +20,12 @@ from typing import Any
 
 import httpx
 import pytest
-from pgcarve.config import FleetConfig, Paths
-from pgcarve.sandbox.forward import stop_pid
+from pgcarve.config import FleetConfig
+from pgcarve.control.fleet import Fleet
+from pgcarve.control.removal import remove_instance
+from pgcarve.processes import stop_pid
 from pgcarve.sandbox.hosts import Sandbox
+from pgcarve.settings import Paths
 
 from tests.conftest import image_dir
 
@@ -87,12 +90,10 @@ class CarveEnv:
         """Stop the server, remove every guest, stop the sandbox; what is left (should be [])."""
         if self.server.poll() is None:
             stop_pid(self.server.pid, timeout_s=20)
-        from pgcarve.control.fleet import Fleet
-
         if self.sandbox.is_up():
             fleet = Fleet(self.config, self.paths)
             for inst in fleet.observe(with_endpoints=False):
-                fleet.remove_instance(inst)
+                remove_instance(fleet, inst)
             fleet.close()
         self.sandbox.down()
         return self.sandbox.leftovers()

@@ -14,8 +14,9 @@ from typing import Any
 import psycopg
 import pytest
 from pgcarve.control.fleet import Fleet, Guest
-from pgcarve.guest.seed import CLIENT_DATABASE
+from pgcarve.control.removal import leftovers
 from pgcarve.postgres.pgbench import run_pgbench, setup_transactions
+from pgcarve.postgres.session import CLIENT_DATABASE
 from pgcarve.virt.host import LibvirtHost
 
 from tests.integration.conftest import CarveEnv, wait_for, wait_operation
@@ -41,7 +42,7 @@ def test_refused_requests_change_nothing(carve_env: CarveEnv) -> None:
         assert client.get("/v1/instances/pgc-99").status_code == 404
         assert client.get("/v1/instances").json() == []
         assert client.get("/v1/operations").json() == []
-    assert fleet_of(carve_env).leftovers() == []
+    assert leftovers(fleet_of(carve_env)) == []
 
 
 def test_scale_up_to_two_over_http(carve_env: CarveEnv) -> None:
@@ -80,7 +81,7 @@ def test_pinning_read_back_from_libvirt_is_disjoint(carve_env: CarveEnv) -> None
             assert cpus, f"{guest.name} is not pinned"
             assert not cpus & seen, f"{guest.name} shares host CPUs {cpus & seen} with another guest"
             seen |= cpus
-            _plan, slot = fleet.slot(host_cfg.name, guest.metadata.index)
+            _plan, slot = fleet.placement.slot(host_cfg.name, guest.metadata.index)
             assert tuple(sorted(cpus)) == tuple(sorted(slot.host_cpus))
         lv.close()
 
@@ -140,7 +141,8 @@ def test_api_aggregate_tps_matches_pgbench(carve_env: CarveEnv) -> None:
     results = []
 
     def load(guest: Guest) -> None:
-        results.append(run_pgbench(fleet, guest, clients, 2, seconds))
+        results.append(run_pgbench(guest.name, guest.endpoint, fleet.credentials.admin_password, clients, 2,
+                                   seconds))
 
     threads = [threading.Thread(target=load, args=(g,)) for g in primaries]
     for t in threads:
@@ -197,7 +199,7 @@ def test_scale_down_to_one_keeps_committed_rows(carve_env: CarveEnv) -> None:
         assert op["status"] == "succeeded", op["error"]
         assert [d["name"] for d in client.get("/v1/instances").json()] == ["pgc-01"]
     assert [g.name for g in fleet.guests() if g.metadata.index == 2] == []
-    assert not [v for v in fleet.leftovers() if "pgc-02" in v], "pgc-02's disks must be gone"
+    assert not [v for v in leftovers(fleet) if "pgc-02" in v], "pgc-02's disks must be gone"
     kept = fleet.instance("pgc-01")
     assert kept.primary is not None
     with fleet.connect(kept.primary, database=CLIENT_DATABASE) as conn:

@@ -24,9 +24,10 @@ from typing import Any
 
 import psycopg
 import pytest
-from pgcarve.control.collector import Collector, StandbyState, Target
+from pgcarve.control.collector import Collector, Target
 from pgcarve.control.rates import RateTracker, Sample, Snapshot
-from pgcarve.guest.seed import MANAGER_DATABASE
+from pgcarve.postgres.session import MANAGER_DATABASE
+from pgcarve.postgres.statistics import StandbyState
 from psycopg import sql
 
 pytestmark = pytest.mark.localpg

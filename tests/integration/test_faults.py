@@ -16,8 +16,6 @@ Runs after test_carve.py, on its instance pgc-01 (primary on h0, standbys s1 on 
 
 from __future__ import annotations
 
-import os
-import signal
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -27,9 +25,11 @@ import pytest
 import yaml
 from pgcarve.config import FleetConfig
 from pgcarve.control.fleet import Fleet
+from pgcarve.control.removal import leftovers
 from pgcarve.control.scaler import Scaler
 from pgcarve.errors import CapacityError
-from pgcarve.guest.seed import CLIENT_DATABASE
+from pgcarve.postgres.session import CLIENT_DATABASE
+from pgcarve.sandbox.faults import SandboxFaults
 from psycopg.conninfo import make_conninfo
 
 from tests.conftest import image_dir
@@ -40,7 +40,6 @@ from tests.utils.prometheus import prometheus_watching
 pytestmark = pytest.mark.integration
 
 INSTANCE = "pgc-01"
-HOST_INDEX = {"h0": 0, "h1": 1, "h2": 2}
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -186,7 +185,7 @@ def test_primary_killed_is_restarted(carve_env: CarveEnv, fleet: Fleet, tmp_path
 
 def kill_guest(env: CarveEnv, host: str, guest: str) -> None:
     """kill -9 the guest's QEMU process, by the PID libvirt recorded for it."""
-    os.kill(env.sandbox.qemu_pid(HOST_INDEX[host], guest), signal.SIGKILL)  # one PID namespace for all
+    SandboxFaults(env.sandbox).kill_guest(host, guest)
 
 
 def test_standbys_killed_writes_wait_then_standbys_come_back(carve_env: CarveEnv, fleet: Fleet) -> None:
@@ -205,7 +204,7 @@ def test_standbys_killed_writes_wait_then_standbys_come_back(carve_env: CarveEnv
         wait_whole(carve_env)
 
         # 2. Both standbys lost, one with its disk: nothing may commit (RPO 0) and status says why.
-        fleet.hosts[hosts[other]].delete_volume(f"{other}.qcow2")  # QEMU keeps the open file until killed
+        fleet.hosts[hosts[other]].storage.delete_volume(f"{other}.qcow2")  # QEMU keeps the open file until killed
         killed_at = time.time()
         for name, host in hosts.items():
             kill_guest(carve_env, host, name)
@@ -234,17 +233,17 @@ def test_disk_full_during_scale_up_leaves_nothing(carve_env: CarveEnv, fleet: Fl
     monkeypatch.setenv("PGCARVE_IMAGE_DIR", str(image_dir()))  # this process builds the guests
     sandbox = carve_env.sandbox
     path = "/var/lib/libvirt/pgcsmall"
-    sandbox.run_in_host(0, ["mkdir", "-p", path])
-    sandbox.run_in_host(0, ["mount", "-t", "tmpfs", "-o", "size=320m", "pgcarve-test-small", path])
+    SandboxFaults(sandbox).run_in_host("h0", ["mkdir", "-p", path])
+    SandboxFaults(sandbox).run_in_host("h0", ["mount", "-t", "tmpfs", "-o", "size=320m", "pgcarve-test-small", path])
     raw = carve_env.config.model_dump(mode="json")
     raw["hosts"][0].update(pool="pgcsmall", pool_path=path)
     small = Fleet(FleetConfig.model_validate(raw), carve_env.paths)
     try:
-        small.image_on("h0")  # the base image takes ~230 MiB of the 320
-        free = small.hosts["h0"].pool_free_mib()
+        small.images.on("h0")  # the base image takes ~230 MiB of the 320
+        free = small.hosts["h0"].storage.pool_free_mib()
         filler = max(0, free - 3) * 1024 * 1024
-        sandbox.run_in_host(0, ["fallocate", "-l", str(filler), f"{path}/filler"])
-        small.hosts["h0"].pool_free_mib()
+        SandboxFaults(sandbox).run_in_host("h0", ["fallocate", "-l", str(filler), f"{path}/filler"])
+        small.hosts["h0"].storage.pool_free_mib()
         before = sorted(g.name for g in small.guests())
 
         with pytest.raises(CapacityError) as refused:
@@ -262,7 +261,7 @@ def test_disk_full_during_scale_up_leaves_nothing(carve_env: CarveEnv, fleet: Fl
             print("scale-up with a full disk failed:", message)
             assert any(word in message for word in ("space", "full")), message
             assert sorted(g.name for g in unreserved.guests()) == before
-            left = [v for v in unreserved.leftovers() if "pgc-02" in v]
+            left = [v for v in leftovers(unreserved) if "pgc-02" in v]
             assert left == [], left
         finally:
             unreserved.close()
@@ -270,13 +269,13 @@ def test_disk_full_during_scale_up_leaves_nothing(carve_env: CarveEnv, fleet: Fl
         assert fleet.instance(INSTANCE).primary.info.state == "running"  # type: ignore[union-attr]
     finally:
         lv = small.hosts["h0"]
-        for volume in lv.volume_names():
-            lv.delete_volume(volume)
+        for volume in lv.storage.volume_names():
+            lv.storage.delete_volume(volume)
         pool = lv.conn.storagePoolLookupByName("pgcsmall")
         pool.destroy()
         pool.undefine()
         small.close()
-        sandbox.run_in_host(0, ["umount", path], check=False)
+        SandboxFaults(sandbox).run_in_host("h0", ["umount", path], check=False)
 
 
 def test_manager_killed_mid_scale_and_libvirtd_restarted(carve_env: CarveEnv, fleet: Fleet) -> None:
@@ -300,7 +299,7 @@ def test_manager_killed_mid_scale_and_libvirtd_restarted(carve_env: CarveEnv, fl
         print("left by the killed manager:", half)
         assert half and all(g.creating for g in fleet.guests() if g.metadata.index == 2)
         for index in range(3):
-            carve_env.sandbox.restart_libvirtd(index)
+            SandboxFaults(carve_env.sandbox).restart_libvirtd(f"h{index}")
         carve_env.restart_server()
         op = wait_operation(carve_env, op_id, 1200)
         assert op["status"] == "succeeded", op
@@ -323,7 +322,7 @@ def test_manager_killed_mid_scale_and_libvirtd_restarted(carve_env: CarveEnv, fl
     for host, cpus in by_host.items():
         assert len(cpus) == len(set(cpus)), f"a CPU of {host} is given twice: {sorted(cpus)}"
     names = {g.name for g in guests}
-    volumes = [v for v in fleet.leftovers() if v.startswith("volume ")]
+    volumes = [v for v in leftovers(fleet) if v.startswith("volume ")]
     orphans = [v for v in volumes
                if v.split()[1].removesuffix(".qcow2").removesuffix("-seed.iso") not in names]
     assert orphans == [], orphans
@@ -345,7 +344,7 @@ def test_failover_policy_promotes_and_rebuilds(carve_env: CarveEnv, fleet: Fleet
     # libvirtd restarted under the running manager: its event subscription must come back.
     log = IT_STATE / "server.log"
     seen = log.read_text(errors="replace").count("host h0: lifecycle events reconnected")
-    carve_env.sandbox.restart_libvirtd(0)
+    SandboxFaults(carve_env.sandbox).restart_libvirtd("h0")
     wait_for(lambda: log.read_text(errors="replace").count("host h0: lifecycle events reconnected") > seen,
              "the manager to resubscribe to h0's events after libvirtd restarted", 60)
     wait_watching(carve_env)

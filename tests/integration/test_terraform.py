@@ -27,11 +27,13 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from pgcarve.config import FleetConfig, Paths, load_fleet_config
+from pgcarve.config import FleetConfig, load_fleet_config
 from pgcarve.control.fleet import Fleet, Guest
+from pgcarve.control.removal import leftovers, remove_instance
 from pgcarve.control.service import ManagerService
 from pgcarve.errors import PgcarveError
 from pgcarve.sandbox.hosts import REQUIRED_TOOLS, Sandbox
+from pgcarve.settings import Paths
 from pgcarve.virt.domain_xml import Disk, DomainSpec, InstanceMetadata, Nic
 
 pytestmark = pytest.mark.integration
@@ -111,7 +113,7 @@ def world(tmp_path_factory: pytest.TempPathFactory) -> Iterator[World]:
         fleet = Fleet(config, paths)
         with contextlib.suppress(PgcarveError):
             for inst in fleet.observe(with_endpoints=False):
-                fleet.remove_instance(inst)
+                remove_instance(fleet, inst)
         fleet.close()
         started = time.monotonic()
         sandbox.down()
@@ -176,7 +178,7 @@ def test_terraform_apply_per_host(world: World) -> None:
     name = "pgc-01"
     planned = doc["instances"][name]
     fleet = Fleet(load_fleet_config(world.paths.sandbox_hosts_file), world.paths)
-    plan, slot = fleet.slot("h0", 1)
+    plan, slot = fleet.placement.slot("h0", 1)
     assert list(doc["instances"]) == [name]
     assert planned["vcpu_pins"] == list(slot.host_cpus)
     assert planned["emulator_cpus"] == list(plan.emulator_cpus)
@@ -230,8 +232,8 @@ def test_terraform_apply_per_host(world: World) -> None:
     started = time.monotonic()
     world.terraform("destroy", "-auto-approve", "-input=false")
     world.timings["terraform destroy"] = time.monotonic() - started
-    assert fleet.leftovers() == []
-    assert not [v for v in lv.volume_names() if v.startswith("pgcarve-tf-") or v.startswith(name)]
+    assert leftovers(fleet) == []
+    assert not [v for v in lv.storage.volume_names() if v.startswith("pgcarve-tf-") or v.startswith(name)]
 
     # -- the same guest defined by the manager's DomainSpec has the same XML ---------------
     os_el = re.search(r"<kernel>([^<]+)</kernel>\s*<initrd>([^<]+)</initrd>", terraform_xml)

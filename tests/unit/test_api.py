@@ -11,9 +11,10 @@ from pathlib import Path
 import libvirt
 import pytest
 from fastapi.testclient import TestClient
-from pgcarve.config import FleetConfig, HostConfig, Paths, Replication
+from pgcarve.config import FleetConfig, HostConfig, Replication
 from pgcarve.control.scaler import plan_scale
 from pgcarve.control.service import ManagerService
+from pgcarve.settings import Paths
 from pgcarve.virt.domain_xml import DomainSpec, InstanceMetadata, Nic, mac_for
 from pgcarve_api.main import create_app
 from pgcarve_api.settings import Settings
@@ -106,7 +107,7 @@ def test_bad_bodies_are_422_and_change_nothing(api: tuple[TestClient, ManagerSer
 
 def test_above_capacity_is_409_naming_the_limit(api: tuple[TestClient, ManagerService]) -> None:
     client, service = api
-    capacity = service.fleet.capacity()
+    capacity = service.fleet.placement.capacity()
     resp = client.put("/v1/scale", json={"instances": capacity + 1}, headers=AUTH)
     assert resp.status_code == 409
     assert f"room for {capacity}" in resp.json()["detail"]

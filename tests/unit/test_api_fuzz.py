@@ -9,8 +9,9 @@ import libvirt
 import pytest
 import schemathesis
 from hypothesis import HealthCheck, settings
-from pgcarve.config import FleetConfig, HostConfig, Paths, Replication
+from pgcarve.config import FleetConfig, HostConfig, Replication
 from pgcarve.control.service import ManagerService
+from pgcarve.settings import Paths
 from pgcarve_api.main import create_app
 from pgcarve_api.settings import Settings
 

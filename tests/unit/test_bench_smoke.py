@@ -8,8 +8,9 @@ import json
 import shutil
 from pathlib import Path
 
-from bench import harness_all as bench
 from pgcarve.planning.topology import parse_capabilities
+
+from bench import harness_all as bench
 
 
 def test_control_plane_smoke(tmp_path: Path) -> None:

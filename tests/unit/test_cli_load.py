@@ -1,4 +1,4 @@
-"""`pgcarve load`'s reading of the API: transactions counted during a pgbench run."""
+"""`pgcarve load`'s reading of the API (cli/client.py): client transactions counted during a pgbench run."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
-from pgcarve.cli.main import api_transactions_during
+from pgcarve.cli.client import ApiClient
 
 
 @pytest.fixture()
@@ -53,14 +53,14 @@ def test_difference_of_totals_between_the_samples_around_the_run(
         {"at": 108.0, "aggregate_tps": 0.0, "window_s": 1.0, "xacts_total": 1081},  # first idle, 3 s after
         {"at": 109.0, "aggregate_tps": 7.0, "window_s": 1.0, "xacts_total": 1088},   # later work: not counted
     ]
-    assert api_transactions_during(url, 100.0, 105.0, wait_s=1) == 81
+    assert ApiClient(url).transactions_during(100.0, 105.0, wait_s=1) == 81
 
 
 def test_none_when_no_sample_arrives_after_the_run(history_server: tuple[str, list[dict[str, float]]]) -> None:
     url, points = history_server
     points += [{"at": 99.0, "aggregate_tps": 0.0, "window_s": 1.0, "xacts_total": 5},
                {"at": 101.0, "aggregate_tps": 10.0, "window_s": 1.0, "xacts_total": 15}]
-    assert api_transactions_during(url, 100.0, 105.0, wait_s=0.6) is None
+    assert ApiClient(url).transactions_during(100.0, 105.0, wait_s=0.6) is None
 
 
 def test_none_when_the_history_does_not_reach_back_to_the_start(
@@ -68,4 +68,4 @@ def test_none_when_the_history_does_not_reach_back_to_the_start(
     url, points = history_server
     points += [{"at": 101.0, "aggregate_tps": 10.0, "window_s": 1.0, "xacts_total": 15},
                {"at": 109.0, "aggregate_tps": 0.0, "window_s": 1.0, "xacts_total": 25}]
-    assert api_transactions_during(url, 100.0, 105.0, wait_s=5) is None
+    assert ApiClient(url).transactions_during(100.0, 105.0, wait_s=5) is None

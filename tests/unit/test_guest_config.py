@@ -5,7 +5,9 @@ import json
 
 import pytest
 from pgcarve.errors import ConfigError
-from pgcarve.guest.seed import Credentials, GuestSeed, scram_verifier, synchronous_standby_names
+from pgcarve.guest.credentials import Credentials
+from pgcarve.guest.seed import GuestSeed, scram_verifier
+from pgcarve.postgres.replication import synchronous_standby_names
 
 CREDS = Credentials(admin_password="a" * 24, replication_password="b" * 24)
 

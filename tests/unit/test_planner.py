@@ -18,7 +18,6 @@ from pgcarve.planning.planner import (
     explain,
     plan_host,
     plan_to_dict,
-    time_plan,
 )
 from pgcarve.planning.topology import HostTopology, parse_capabilities
 
@@ -325,9 +324,3 @@ def test_plan_to_dict_and_explain() -> None:
     )
 
 
-def test_time_plan_returns_seconds() -> None:
-    topo = load("eight-node-512t")
-    config = PlannerConfig()
-    elapsed = time_plan(topo, config, capacity(topo, config))
-    assert isinstance(elapsed, float)
-    assert elapsed > 0

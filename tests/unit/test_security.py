@@ -34,11 +34,13 @@ import yaml
 from fastapi import FastAPI
 from fastapi.routing import APIRoute
 from fastapi.testclient import TestClient
-from pgcarve.guest import seed as guest_config
-from pgcarve.config import FleetConfig, HostConfig, Paths, Replication, load_fleet_config
+from pgcarve.config import FleetConfig, HostConfig, Replication, load_fleet_config
 from pgcarve.control.service import ManagerService
 from pgcarve.errors import ConfigError
-from pgcarve.guest.seed import Credentials, GuestSeed, new_secret
+from pgcarve.guest import seed as guest_config
+from pgcarve.guest.credentials import Credentials, new_secret
+from pgcarve.guest.seed import GuestSeed
+from pgcarve.settings import Paths
 from pgcarve.virt.domain_xml import Disk, DomainSpec, InstanceMetadata, Nic, mac_for
 from pgcarve_api import routes as routes_package
 from pgcarve_api import security

@@ -11,10 +11,12 @@ from pathlib import Path
 
 import libvirt
 import pytest
-from pgcarve.config import FleetConfig, HostConfig, Paths, Recovery, Replication
+from pgcarve.config import FleetConfig, HostConfig, RecoveryPolicy, Replication
 from pgcarve.control.fleet import Fleet
-from pgcarve.control.recovery import lsn_value
+from pgcarve.control.removal import discard_half_made, discard_instance
 from pgcarve.control.supervisor import Incident, Supervisor
+from pgcarve.postgres.replication import lsn_value
+from pgcarve.settings import Paths
 from pgcarve.virt.domain_xml import InstanceMetadata
 
 from tests.unit.test_api import define, reset_test_driver
@@ -27,13 +29,13 @@ def world(tmp_path: Path) -> Iterator[tuple[libvirt.virConnect, Fleet, Superviso
     conn = reset_test_driver()
     config = FleetConfig(hosts=[HostConfig(name="h1", uri=URI, role="primary")],
                          replication=Replication(standbys=0),
-                         recovery=Recovery(primary="restart", enabled=False))
+                         recovery=RecoveryPolicy(primary="restart", enabled=False))
     fleet = Fleet(config, Paths(tmp_path))
     supervisor = Supervisor(fleet, sweep_s=3600)
     supervisor.start()
     assert supervisor.wait_connected(10), "no lifecycle event connection to the test driver"
     deadline = time.monotonic() + 10
-    while not supervisor.settled():  # the start-up sweep must not race the faults made below
+    while not supervisor.ready():  # the start-up sweep must not race the faults made below
         assert time.monotonic() < deadline, "the supervisor did not finish its start-up sweep"
         time.sleep(0.01)
     yield conn, fleet, supervisor
@@ -75,7 +77,7 @@ def test_guests_being_built_or_removed_on_purpose_are_not_faults(
     define(conn, 1, creating=True)  # a scale operation is still building it
     define(conn, 2)
     conn.lookupByName("pgc-01").destroy()
-    fleet.discard_instance(2)  # the manager's own removal
+    discard_instance(fleet, 2)  # the manager's own removal
     define(conn, 3)
     conn.lookupByName("pgc-03").destroy()  # a real fault, as a marker that events were processed
     incidents = wait_incidents(supervisor, 1)
@@ -88,7 +90,7 @@ def test_half_made_instances_are_removed_on_restart(tmp_path: Path) -> None:
         define(conn, 2, creating=True)
         fleet = Fleet(FleetConfig(hosts=[HostConfig(name="h1", uri=URI, role="primary")],
                                   replication=Replication(standbys=0)), Paths(tmp_path))
-        removed = fleet.discard_half_made()
+        removed = discard_half_made(fleet)
         assert removed == ["half-made instance pgc-02 (pgc-02)"]
         assert [g.name for g in fleet.guests()] == ["pgc-01"]
         fleet.hosts["h1"].mark_complete("pgc-01")
@@ -111,7 +113,7 @@ def test_a_half_built_standby_never_takes_its_instance_with_it(tmp_path: Path) -
         define(conn, 2, creating=True)  # before it marked the primary
         fleet = Fleet(FleetConfig(hosts=[HostConfig(name="h1", uri=URI, role="primary")],
                                   replication=Replication(standbys=0)), Paths(tmp_path))
-        removed = fleet.discard_half_made()
+        removed = discard_half_made(fleet)
         assert removed == ["half-built standby pgc-01-s1 of pgc-01 on h1 "
                            "(the instance keeps its data; the standby is built again)"]
         guests = {g.name: g for g in fleet.guests()}

@@ -24,10 +24,12 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from pgcarve.config import FleetConfig, HostConfig, InstanceSize, Paths, Replication
-from pgcarve.control.fleet import Fleet, instance_name
+from pgcarve.config import FleetConfig, HostConfig, InstanceSize, Replication
+from pgcarve.control.fleet import Fleet
 from pgcarve.errors import CapacityError, ConfigError, ImageMissing
+from pgcarve.naming import instance_name
 from pgcarve.planning.planner import capacity
+from pgcarve.settings import Paths
 from pgcarve.tfvars import render_tfvars, tfvars_document
 from pgcarve.virt.domain_xml import Disk, DomainSpec, InstanceMetadata, Nic, mac_for
 
@@ -77,7 +79,7 @@ def fleet_config(hosts: int = 1, vcpus: int = 2, memory_mib: int = 512, domain_t
 
 @pytest.fixture
 def fleet(tmp_path: Path, image_dir: Path) -> Any:
-    f = Fleet(fleet_config(), Paths(tmp_path / "state"))
+    f = Fleet(fleet_config(), Paths(tmp_path / "state", image_dir))
     yield f
     f.close()
 
@@ -86,14 +88,14 @@ def fleet(tmp_path: Path, image_dir: Path) -> Any:
 
 
 def test_pins_names_and_macs_are_the_planners(fleet: Fleet) -> None:
-    cap = capacity(fleet.topology("t0"), fleet.planner_config)
+    cap = capacity(fleet.topology("t0"), fleet.placement.planner)
     assert cap >= 3, "the test driver's 16 CPUs should hold several 2-vCPU instances"
     for n in (1, 2, cap):
         doc = tfvars_document(fleet, "t0", n)
         assert list(doc["instances"]) == [instance_name("tst", i) for i in range(1, n + 1)]
         for i in range(1, n + 1):
             name = instance_name("tst", i)
-            plan, slot = fleet.slot("t0", i)
+            plan, slot = fleet.placement.slot("t0", i)
             planned = doc["instances"][name]
             assert planned["vcpu_pins"] == list(slot.host_cpus)
             assert planned["emulator_cpus"] == list(plan.emulator_cpus)
@@ -123,7 +125,7 @@ def test_host_image_and_domain_type(fleet: Fleet, image_dir: Path) -> None:
     assert doc["pool_name"] == doc["network_name"] == "pgcarve"
     assert doc["pool_path"] == "/var/lib/libvirt/pgcarve"
     assert doc["create_pool"] is False
-    assert doc["domain_type"] == fleet.domain_type("t0") == "qemu"
+    assert doc["domain_type"] == fleet.domain_types.of("t0") == "qemu"
     assert doc["kernel_cmdline"] == DomainSpec.cmdline
     assert doc["image"] == {
         "base_path": str(image_dir / "base.qcow2"),
@@ -166,28 +168,29 @@ def test_seeds_carry_the_fleets_verifiers_and_no_password(fleet: Fleet) -> None:
 
 
 def test_second_primary_host_continues_the_numbering(tmp_path: Path, image_dir: Path) -> None:
-    fleet = Fleet(fleet_config(hosts=2), Paths(tmp_path / "state"))
+    fleet = Fleet(fleet_config(hosts=2), Paths(tmp_path / "state", image_dir))
     try:
-        cap = capacity(fleet.topology("t0"), fleet.planner_config)
+        cap = capacity(fleet.topology("t0"), fleet.placement.planner)
         doc = tfvars_document(fleet, "t1", 2)
         assert list(doc["instances"]) == [instance_name("tst", cap + 1), instance_name("tst", cap + 2)]
         for k, name in enumerate(doc["instances"], start=cap + 1):
-            assert fleet.placement(k)[0].name == "t1"
-            assert doc["instances"][name]["vcpu_pins"] == list(fleet.slot("t1", k)[1].host_cpus)
+            assert fleet.placement.hosts_for(k)[0].name == "t1"
+            assert doc["instances"][name]["vcpu_pins"] == list(fleet.placement.slot("t1", k)[1].host_cpus)
             assert doc["instances"][name]["metadata"]["index"] == k
         # Instance 1 of t1 is laid out on t1 exactly as instance 1 of t0 is on t0 (same topology).
-        assert doc["instances"][instance_name("tst", cap + 1)]["vcpu_pins"] == list(fleet.slot("t0", 1)[1].host_cpus)
+        first = doc["instances"][instance_name("tst", cap + 1)]
+        assert first["vcpu_pins"] == list(fleet.placement.slot("t0", 1)[1].host_cpus)
     finally:
         fleet.close()
 
 
 def test_refusals(tmp_path: Path, image_dir: Path) -> None:
-    fleet = Fleet(fleet_config(standby_host=True), Paths(tmp_path / "state"))
+    fleet = Fleet(fleet_config(standby_host=True), Paths(tmp_path / "state", image_dir))
     try:
         with pytest.raises(ConfigError, match="role standby"):
             tfvars_document(fleet, "s0", 1)
         with pytest.raises(CapacityError, match="room for"):
-            tfvars_document(fleet, "t0", capacity(fleet.topology("t0"), fleet.planner_config) + 1)
+            tfvars_document(fleet, "t0", capacity(fleet.topology("t0"), fleet.placement.planner) + 1)
         with pytest.raises(ConfigError, match="no host named"):
             tfvars_document(fleet, "nope", 1)
         (image_dir / "inputs.sha256").unlink()
@@ -361,7 +364,7 @@ def libvirt_normalised(domain_xml: str) -> str:
 def test_xslt_turns_provider_xml_into_the_managers(fleet: Fleet, initialised_module: Path, tmp_path: Path,
                                                    variant: str) -> None:
     # Every slot of the host, so guests on both NUMA nodes are covered.
-    doc = tfvars_document(fleet, "t0", capacity(fleet.topology("t0"), fleet.planner_config))
+    doc = tfvars_document(fleet, "t0", capacity(fleet.topology("t0"), fleet.placement.planner))
     assert {planned["numa_node"] for planned in doc["instances"].values()} == {0, 1}
     if variant == "kvm-hugepages":
         doc["domain_type"] = "kvm"

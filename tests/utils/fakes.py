@@ -13,9 +13,10 @@ import time
 from collections.abc import Callable, Iterable, Mapping
 from types import MappingProxyType
 
-from pgcarve.control.collector import StandbyState, Target
+from pgcarve.control.collector import Target
 from pgcarve.control.rates import Sample
 from pgcarve.control.supervisor import Incident
+from pgcarve.postgres.statistics import StandbyState
 
 
 class FakeCollector:

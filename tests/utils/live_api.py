@@ -22,10 +22,11 @@ from pathlib import Path
 
 import libvirt
 import uvicorn
-from pgcarve.config import FleetConfig, Paths
+from pgcarve.config import FleetConfig
 from pgcarve.control.collector import Target
 from pgcarve.control.rates import Sample
 from pgcarve.control.service import ManagerService
+from pgcarve.settings import Paths
 from pgcarve.virt.domain_xml import DomainSpec, InstanceMetadata, Nic, mac_for
 from pgcarve_api.main import create_app
 from pgcarve_api.settings import Settings
@@ -66,7 +67,7 @@ def define_instances(conn: libvirt.virConnect, service: ManagerService, names: S
     planner would put it (the driver has too few pinnable CPUs), but pinned as a real one is.
     """
     vcpus = service.config.instance.vcpus
-    plan, _slot = service.fleet.slot("h1", 1)
+    plan, _slot = service.fleet.placement.slot("h1", 1)
     defined = []
     for index, name in enumerate(names, start=1):
         first = vcpus * (index - 1)
@@ -208,7 +209,7 @@ def serve_live_api(state_dir: Path, names: Sequence[str] = INSTANCES, *, vcpus: 
         feeder = Feeder(service, defined, tps=tps)
         feeder.start()
         yield LiveApi(base_url=f"http://127.0.0.1:{port}", token=TOKEN, service=service,
-                      instances=tuple(defined), capacity=service.fleet.capacity(), conn=conn, feeder=feeder)
+                      instances=tuple(defined), capacity=service.fleet.placement.capacity(), conn=conn, feeder=feeder)
     finally:
         if server is not None:
             server.should_exit = True

@@ -1,0 +1,1 @@
+"""The `pgcarve` command line (main.py): commands by what they act on, one HTTP client for the API."""

@@ -61,10 +61,16 @@ from types import MappingProxyType
 from typing import Any
 
 import psycopg
-from psycopg import sql
 
 from pgcarve.control.rates import RateTracker, Sample, Snapshot
-from pgcarve.guest.seed import MANAGER_DATABASE
+from pgcarve.postgres.session import first_line
+from pgcarve.postgres.statistics import (
+    FORCE_FLUSH_VERSION,
+    PollRow,
+    StandbyState,
+    check_statement,
+    poll_statement,
+)
 
 log = logging.getLogger(__name__)
 
@@ -72,8 +78,6 @@ APPLICATION_NAME = "pgcarve-collector"
 
 # A session's startup transaction counts in xact_commit like a statement does.
 _STARTUP_XACTS = 1
-# First PostgreSQL release with pg_stat_force_next_flush() (and shared-memory statistics).
-_FORCE_FLUSH_VERSION = 150000
 
 
 @dataclass(frozen=True)
@@ -85,128 +89,8 @@ class Target:
     dsn: str
 
 
-@dataclass(frozen=True)
-class StandbyState:
-    """One row of pg_stat_replication on a primary, lags in seconds and bytes."""
-
-    application_name: str
-    client_addr: str | None
-    state: str | None
-    sync_state: str | None
-    write_lag_s: float | None
-    flush_lag_s: float | None
-    replay_lag_s: float | None
-    lag_bytes: int | None
-
-
-_MARKER = sql.SQL("/* pgcarve-collector */ ")
-_FORCE_FLUSH = sql.SQL(", pg_catalog.pg_stat_force_next_flush() IS NULL AS flushed")
-
-_CHECK = sql.SQL(
-    "SELECT (SELECT n.nspname FROM pg_catalog.pg_extension e"
-    " JOIN pg_catalog.pg_namespace n ON n.oid = e.extnamespace"
-    " WHERE e.extname = 'pg_stat_statements') AS pgss_schema,"
-    " 'pg_stat_statements' = ANY (pg_catalog.string_to_array(pg_catalog.replace("
-    "pg_catalog.current_setting('shared_preload_libraries'), ' ', ''), ',')) AS pgss_loaded"
-)
-
-# pg_stat_statements(false): the view reads every query text from disk; the counters do not.
-# Our own entry is the one whose queryid is that of the statement running in this backend.
-# Databases whose work is the clients': not templates (autovacuum's only), not pgcarve's own.
-_CLIENT_DATABASES = sql.SQL(
-    "(SELECT db.oid FROM pg_catalog.pg_database db WHERE NOT db.datistemplate AND db.datname <> {manager})"
-).format(manager=sql.Literal(MANAGER_DATABASE))
-_CALLS = sql.SQL(
-    "(SELECT pg_catalog.sum(s.calls) FROM {schema}.pg_stat_statements(false) s"
-    " WHERE s.queryid IS DISTINCT FROM (SELECT a.query_id"
-    " FROM pg_catalog.pg_stat_get_activity(pg_catalog.pg_backend_pid()) a))::bigint AS all_calls,"
-    " (SELECT pg_catalog.sum(s.calls) FROM {schema}.pg_stat_statements(false) s"
-    " WHERE s.dbid IN {client_databases} AND s.queryid IS DISTINCT FROM (SELECT a.query_id"
-    " FROM pg_catalog.pg_stat_get_activity(pg_catalog.pg_backend_pid()) a))::bigint AS client_calls"
-)
-_NO_CALLS = sql.SQL("NULL::bigint AS all_calls, NULL::bigint AS client_calls")
-
-# Lag bytes are measured against the current WAL position on a primary; a cascading standby
-# cannot call pg_current_wal_lsn(), so its walsenders are measured against its replay position
-# (and the instance's replay_lag_bytes gauge is NULL there, as on any server in recovery).
-_POLL = sql.SQL(
-    "WITH rep AS ("
-    "SELECT r.application_name, r.client_addr::text AS client_addr, r.state, r.sync_state,"
-    " extract(epoch FROM r.write_lag)::float8 AS write_lag_s,"
-    " extract(epoch FROM r.flush_lag)::float8 AS flush_lag_s,"
-    " extract(epoch FROM r.replay_lag)::float8 AS replay_lag_s,"
-    " pg_catalog.pg_wal_lsn_diff(CASE WHEN pg_catalog.pg_is_in_recovery()"
-    " THEN pg_catalog.pg_last_wal_replay_lsn() ELSE pg_catalog.pg_current_wal_lsn() END,"
-    " r.replay_lsn)::bigint AS lag_bytes"
-    " FROM pg_catalog.pg_stat_replication r) "
-    "SELECT (SELECT pg_catalog.sum(d.xact_commit + d.xact_rollback)"
-    " FROM pg_catalog.pg_stat_database d)::bigint AS all_xacts,"
-    " (SELECT pg_catalog.sum(d.xact_commit + d.xact_rollback) FROM pg_catalog.pg_stat_database d"
-    " WHERE d.datid IN {client_databases})::bigint AS client_xacts,"
-    " {calls},"
-    " CASE WHEN pg_catalog.pg_is_in_recovery() THEN NULL"
-    " ELSE (SELECT pg_catalog.max(rep.lag_bytes) FROM rep) END AS replay_lag_bytes,"
-    " (SELECT pg_catalog.json_agg(rep ORDER BY rep.application_name) FROM rep) AS standbys,"
-    " pg_catalog.pg_postmaster_start_time()::text AS epoch,"
-    # Sessions whose commit has waited over 3 s for a synchronous standby (a normal commit waits
-    # milliseconds): pg_stat_replication can still list a dead standby as "sync" until
-    # wal_sender_timeout; this cannot be fooled.
-    " (SELECT pg_catalog.count(*) FROM pg_catalog.pg_stat_activity a"
-    " WHERE a.wait_event = 'SyncRep' AND a.state_change < pg_catalog.now() - interval '3 seconds')::int"
-    " AS sync_waiting,"
-    # Autovacuum in this database (see the module docstring): operations so far, tables it
-    # finished since the previous poll's clock, and the workers in here now.
-    " (SELECT pg_catalog.sum(t.autovacuum_count + t.autoanalyze_count)"
-    " FROM pg_catalog.pg_stat_all_tables t)::bigint AS autovacuum_ops,"
-    " (SELECT pg_catalog.count(*) FROM pg_catalog.pg_stat_all_tables t"
-    " WHERE GREATEST(t.last_autovacuum, t.last_autoanalyze) > {since})::int AS autovacuum_tables,"
-    " (SELECT pg_catalog.array_agg(a.pid) FROM pg_catalog.pg_stat_activity a"
-    " WHERE a.backend_type = 'autovacuum worker'"
-    " AND a.datname = pg_catalog.current_database()) AS autovacuum_workers,"
-    " pg_catalog.now() AS server_now"
-)
 # Autovacuum transactions a worker visit costs besides its tables: its start-up and its last one.
 _AUTOVACUUM_VISIT_XACTS = 2
-
-
-def _statement(body: sql.Composable, force_flush: bool) -> sql.Composed:
-    """Mark a collector statement and, where available, make its stats publish at once."""
-    parts: list[sql.Composable] = [_MARKER, body]
-    if force_flush:
-        parts.append(_FORCE_FLUSH)
-    return sql.Composed(parts)
-
-
-def _first_line(exc: BaseException) -> str:
-    text = str(exc).strip()
-    return text.splitlines()[0].strip() if text else type(exc).__name__
-
-
-def _opt_float(value: Any) -> float | None:
-    return None if value is None else float(value)
-
-
-def _opt_int(value: Any) -> int | None:
-    return None if value is None else int(value)
-
-
-def _standbys(rows: Any) -> tuple[StandbyState, ...]:
-    """Parse the json_agg of pg_stat_replication rows (None when there are no standbys)."""
-    if not rows:
-        return ()
-    return tuple(
-        StandbyState(
-            application_name=str(r.get("application_name") or ""),
-            client_addr=r.get("client_addr"),
-            state=r.get("state"),
-            sync_state=r.get("sync_state"),
-            write_lag_s=_opt_float(r.get("write_lag_s")),
-            flush_lag_s=_opt_float(r.get("flush_lag_s")),
-            replay_lag_s=_opt_float(r.get("replay_lag_s")),
-            lag_bytes=_opt_int(r.get("lag_bytes")),
-        )
-        for r in rows
-    )
 
 
 @dataclass
@@ -215,7 +99,7 @@ class _Link:
 
     target: Target
     conn: psycopg.AsyncConnection[tuple[Any, ...]] | None = None
-    poll_sql: sql.Composed | None = None
+    poll_sql: Any = None  # postgres.statistics.poll_statement(...), chosen at (re)connection
     # Collector transactions on this server since the counter baseline (see module docstring).
     own_xacts: int = 0
     last_raw_xacts: int | None = None
@@ -406,7 +290,7 @@ class Collector:
         except Exception as exc:
             # Anything unexpected (bad row, driver bug) still must not end the round.
             await self._close(link)
-            return f"polling PostgreSQL on {link.target.host} failed: {_first_line(exc)}"
+            return f"polling PostgreSQL on {link.target.host} failed: {first_line(exc)}"
 
     async def _poll_or_raise(self, link: _Link) -> Sample:
         host = link.target.host
@@ -429,18 +313,16 @@ class Collector:
         except psycopg.Error as exc:
             if conn.broken or conn.closed:
                 # The session was gone (terminated, server down): the statement never ran.
-                raise _PollError(f"lost the connection to PostgreSQL on {host}: {_first_line(exc)}") from exc
+                raise _PollError(f"lost the connection to PostgreSQL on {host}: {first_line(exc)}") from exc
             link.own_xacts += 1  # it ran and rolled back: xact_rollback counts it
-            raise _PollError(f"statistics query failed on {host}: {_first_line(exc)}", keep_connection=True) from exc
+            raise _PollError(f"statistics query failed on {host}: {first_line(exc)}", keep_connection=True) from exc
         link.own_xacts += 1
         t1 = time.monotonic()
         wall = time.time() - (t1 - t0) / 2
         if row is None:
             raise _PollError(f"statistics query on {host} returned no row")
-        (raw_xacts, raw_client_xacts, all_calls, client_calls, lag_bytes, standbys, epoch, sync_waiting,
-         autovacuum_ops, autovacuum_tables, autovacuum_workers, server_now) = row[:12]
-        raw_xacts = int(raw_xacts)
-        epoch = str(epoch)
+        polled = PollRow.parse(row)
+        raw_xacts, epoch = polled.all_xacts, polled.epoch
         reset = link.last_raw_xacts is not None and (raw_xacts < link.last_raw_xacts or epoch != link.last_epoch)
         if reset:
             # Counters were reset or this is another server: our past statements are not in
@@ -450,12 +332,11 @@ class Collector:
             link.background_xacts, link.autovacuum_ops, link.client_xacts = 0, None, None
             link.autovacuum_workers = link.charged_workers = frozenset()
         link.last_raw_xacts, link.last_epoch = raw_xacts, epoch
-        link.standbys = _standbys(standbys)
-        link.sync_waiting = int(sync_waiting or 0)
-        self._count_autovacuum(link, int(autovacuum_ops or 0), int(autovacuum_tables or 0),
-                               frozenset(autovacuum_workers or ()))
-        link.server_now = server_now
-        client_xacts = int(raw_client_xacts or 0) - own_before - link.background_xacts
+        link.standbys = polled.standbys
+        link.sync_waiting = polled.sync_waiting
+        self._count_autovacuum(link, polled.autovacuum_ops, polled.autovacuum_tables, polled.autovacuum_workers)
+        link.server_now = polled.server_now
+        client_xacts = polled.client_xacts - own_before - link.background_xacts
         if link.client_xacts is not None and client_xacts < link.client_xacts:
             # Autovacuum's table counts arrive before its transactions: hold, never go down.
             client_xacts = link.client_xacts
@@ -466,11 +347,11 @@ class Collector:
             monotonic=(t0 + t1) / 2,
             wall=wall,
             xacts=client_xacts,
-            calls=_opt_int(client_calls),
-            replay_lag_bytes=_opt_int(lag_bytes),
+            calls=polled.client_calls,
+            replay_lag_bytes=polled.replay_lag_bytes,
             epoch=epoch,
             all_xacts=raw_xacts - own_before,
-            all_calls=_opt_int(all_calls),
+            all_calls=polled.all_calls,
         )
 
     @staticmethod
@@ -515,25 +396,20 @@ class Collector:
                 f"cannot connect to PostgreSQL on {host}: no answer within {self.connect_timeout_s:g} s"
             ) from exc
         except psycopg.Error as exc:
-            raise _PollError(f"cannot connect to PostgreSQL on {host}: {_first_line(exc)}") from exc
+            raise _PollError(f"cannot connect to PostgreSQL on {host}: {first_line(exc)}") from exc
         link.conn = conn
         link.own_xacts += _STARTUP_XACTS
-        force_flush = conn.info.server_version >= _FORCE_FLUSH_VERSION
+        force_flush = conn.info.server_version >= FORCE_FLUSH_VERSION
         try:
             async with asyncio.timeout(self.query_timeout_s):
-                cur = await conn.execute(_statement(_CHECK, force_flush))
+                cur = await conn.execute(check_statement(force_flush))
                 row = await cur.fetchone()
         except TimeoutError as exc:
             raise _PollError(f"PostgreSQL on {host} did not answer within {self.query_timeout_s:g} s") from exc
         except psycopg.Error as exc:
             if not (conn.broken or conn.closed):
                 link.own_xacts += 1
-            raise _PollError(f"checking pg_stat_statements on {host} failed: {_first_line(exc)}") from exc
+            raise _PollError(f"checking pg_stat_statements on {host} failed: {first_line(exc)}") from exc
         link.own_xacts += 1
         schema = row[0] if row is not None and row[1] else None
-        calls = (_CALLS.format(schema=sql.Identifier(schema), client_databases=_CLIENT_DATABASES)
-                 if schema else _NO_CALLS)
-        link.poll_sql = _statement(
-            _POLL.format(calls=calls, client_databases=_CLIENT_DATABASES,
-                         since=sql.SQL("{}::timestamptz").format(sql.Placeholder("since"))),
-            force_flush)
+        link.poll_sql = poll_statement(schema, force_flush)

@@ -1,39 +1,67 @@
-"""Putting an instance back together after a fault: PostgreSQL and replication control.
+"""Putting an instance back together after a fault.
 
 The supervisor (supervisor.py) decides *when*; this module knows *how*: start a stopped guest
 again from its disk, rebuild a standby that cannot come back, or fail over to the most advanced
 standby. Every action keeps RPO 0 in synchronous mode: a commit was acknowledged only after a
 synchronous standby had it, and failover promotes the standby that has received the most WAL.
+A repair returns what it did as a RepairResult (typed steps), never as prose to be searched.
 """
 
 from __future__ import annotations
 
+import enum
 import logging
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import replace
+from dataclasses import dataclass, replace
 
 import psycopg
-from psycopg import sql
 
 from pgcarve.config import HostConfig
-from pgcarve.control.fleet import Fleet, Guest, Instance, Progress, instance_name, no_progress, standby_name
+from pgcarve.control.fleet import Fleet, Guest, Instance, Progress, no_progress
+from pgcarve.control.provisioning import Provisioner
+from pgcarve.control.removal import remove_guest
 from pgcarve.errors import GuestNotReady, PgcarveError
-from pgcarve.guest.seed import REPLICATION_USER, application_name, slot_name
+from pgcarve.naming import instance_name, slot_name, standby_name
+from pgcarve.postgres import replication
 
 log = logging.getLogger("pgcarve.control.recovery")
 
 
-def lsn_value(lsn: str | None) -> int:
-    """'16/B374D848' -> a comparable integer (None -> -1)."""
-    if not lsn:
-        return -1
-    high, low = lsn.split("/")
-    return (int(high, 16) << 32) + int(low, 16)
+class Action(enum.StrEnum):
+    """What a repair step did to a guest."""
+
+    RESTART = "restart"  # started again from its own disk
+    REBUILD = "rebuild"  # removed and cloned again from the primary
+    FAILOVER = "failover"  # a standby promoted in the primary's place
+    NONE = "none"
 
 
-class Recovery:
-    def __init__(self, fleet: Fleet):
+@dataclass(frozen=True)
+class RepairStep:
+    """One thing a repair did: to which guest (its name before the repair), and in words."""
+
+    guest: str
+    action: Action
+    message: str
+
+
+@dataclass(frozen=True)
+class RepairResult:
+    steps: tuple[RepairStep, ...] = ()
+
+    def for_guest(self, guest: str) -> list[RepairStep]:
+        return [step for step in self.steps if step.guest == guest]
+
+    def repaired(self, guest: str) -> bool:
+        return any(step.guest == guest for step in self.steps)
+
+
+class Repairer:
+    """Repairs one instance at a time (the caller holds its lock: fleet.locks.exclusive)."""
+
+    def __init__(self, fleet: Fleet, provisioner: Provisioner):
         self.fleet = fleet
+        self.provisioner = provisioner
 
     def current(self, index: int) -> Instance | None:
         return next((i for i in self.fleet.observe() if i.index == index), None)
@@ -46,14 +74,14 @@ class Recovery:
         host = self.fleet.config.host(guest.info.host)
         progress(guest.name, f"starting again from its disk on {host.name}", 0.2)
         self.fleet.hosts[host.name].start(guest.name)
-        return self.fleet.wait_sql(host, guest.name, progress, standby=guest.info.metadata.role == "standby")
+        return self.provisioner.wait_sql(host, guest.name, progress, standby=guest.info.metadata.role == "standby")
 
     def rebuild_standby(self, primary: Guest, host: HostConfig, name: str, number: int,
                         progress: Progress = no_progress) -> Guest:
         """Remove whatever is left of standby `name` and clone it again from the primary."""
         lv = self.fleet.hosts[host.name]
         if lv.defined(name):
-            self.fleet.remove_guest(lv.guest(name))
+            remove_guest(self.fleet, lv.guest(name))
         progress(name, f"rebuilding from {primary.name}", 0.1)
         return self.build_standby(primary, host, name, number, progress)
 
@@ -61,7 +89,7 @@ class Recovery:
                       progress: Progress = no_progress) -> Guest:
         """A new standby for a whole instance, marked complete once it replays: if the manager
         dies before that, only this standby is half-built, never the instance."""
-        guest = self.fleet.create_standby(primary, host, name, number, progress)
+        guest = self.provisioner.create_standby(primary, host, name, number, progress)
         self.fleet.hosts[host.name].mark_complete(name)
         return guest
 
@@ -72,9 +100,9 @@ class Recovery:
         have moved between roles, so a missing standby takes whichever name and host is free.
         """
         wanted = self.fleet.config.replication.standbys
-        members = [*((inst.primary,) if inst.primary else ()), *inst.standbys]
+        members = inst.guests
         numbers = {g.info.metadata.standby for g in inst.standbys}
-        primary_host, standby_hosts = self.fleet.placement(inst.index)
+        primary_host, standby_hosts = self.fleet.placement.hosts_for(inst.index)
         fleet_name = self.fleet.config.fleet
         slots = [(primary_host, instance_name(fleet_name, inst.index))] + [
             (h, standby_name(fleet_name, inst.index, s)) for s, h in enumerate(standby_hosts, start=1)]
@@ -100,16 +128,13 @@ class Recovery:
         for guest in candidates:
             try:
                 with self.fleet.connect(guest, timeout_s=5) as conn:
-                    row = conn.execute(
-                        "select pg_is_in_recovery(), "
-                        "greatest(pg_last_wal_receive_lsn(), pg_last_wal_replay_lsn())::text"
-                    ).fetchone()
+                    recovering, position = replication.wal_position(conn)
             except psycopg.Error as exc:
                 log.warning("%s: standby %s not reachable for failover: %s", inst.name, guest.name, exc)
                 continue
-            if row and row[0]:
-                positions[guest.name] = lsn_value(row[1])
-            elif row:
+            if recovering:
+                positions[guest.name] = position
+            else:
                 promoted.append(guest)
         if promoted:
             # Never promote a second one: finish the failover to the one that already is.
@@ -128,17 +153,16 @@ class Recovery:
         old = inst.primary
         if old is not None:
             progress(old.name, "fencing the old primary (removing its guest)", 0.1)
-            self.fleet.remove_guest(old.info)
+            remove_guest(self.fleet, old.info)
 
         if best not in promoted:
             progress(best.name, "promoting", 0.3)
             with self.fleet.connect(best, timeout_s=10) as conn:
-                done = conn.execute("select pg_promote(true, 300)").fetchone()
-                if not done or not done[0]:
+                if not replication.promote(conn, 300):
                     raise GuestNotReady(f"{inst.name}: {best.name} did not finish promotion in 300 s")
         meta = best.info.metadata
         self.fleet.hosts[best.info.host].set_metadata(best.name, replace(meta, role="primary", standby=0))
-        new_primary = self.fleet.wait_sql(self.fleet.config.host(best.info.host), best.name, progress)
+        new_primary = self.provisioner.wait_sql(self.fleet.config.host(best.info.host), best.name, progress)
 
         # The replacement takes the old primary's name, host and CPUs, and the promoted
         # standby's place in the sync order.
@@ -147,16 +171,11 @@ class Recovery:
             replacement = (self.fleet.config.host(old.info.host), old.name, meta.standby)
         order = sorted([(g.info.metadata.standby, g.name) for g in others]
                        + ([(replacement[2], replacement[1])] if replacement else []))
-        sync_names = self.fleet.sync_names([n for _, n in order])
+        sync_names = self.provisioner.sync_names([n for _, n in order])
         with self.fleet.connect(new_primary) as conn:
             for guest in others:
-                conn.execute(
-                    "select pg_create_physical_replication_slot(%s, true) "
-                    "where not exists (select 1 from pg_replication_slots where slot_name = %s)",
-                    (slot_name(guest.name), slot_name(guest.name)),
-                )
-            conn.execute(sql.SQL("alter system set synchronous_standby_names = {}").format(sql.Literal(sync_names)))
-            conn.execute("select pg_reload_conf()")
+                replication.create_slot(conn, slot_name(guest.name))
+            replication.set_synchronous_standby_names(conn, sync_names)
         for guest in others:
             if guest.info.state == "running" and guest.endpoint is not None:
                 self.follow(guest, new_primary)
@@ -169,68 +188,69 @@ class Recovery:
     def follow(self, standby: Guest, primary: Guest) -> None:
         """Point a running standby at a new primary (PostgreSQL 13+ applies this on reload)."""
         assert primary.address is not None
-        conninfo = (f"host={primary.address} port=5432 user={REPLICATION_USER} "
-                    f"application_name={application_name(standby.name)} "
-                    f"password={self.fleet.credentials.replication_password}")
         with self.fleet.connect(standby, timeout_s=10) as conn:
-            conn.execute(sql.SQL("alter system set primary_conninfo = {}").format(sql.Literal(conninfo)))
-            conn.execute(sql.SQL("alter system set primary_slot_name = {}").format(
-                sql.Literal(slot_name(standby.name))))
-            conn.execute("select pg_reload_conf()")
+            replication.follow(conn, primary.address, standby.name, slot_name(standby.name),
+                               self.fleet.credentials.replication_password)
 
     # -- whole instance ------------------------------------------------------------------------
 
-    def repair(self, index: int, policy: str, progress: Progress = no_progress) -> list[tuple[str, str]]:
+    def repair(self, index: int, policy: str, progress: Progress = no_progress) -> RepairResult:
         """Bring instance `index` back to a running primary with all its standbys streaming.
-        Returns what was done as (guest name, words). Call with the instance held (fleet.exclusive)."""
-        done: list[tuple[str, str]] = []
+        Returns what was done. Call with the instance held (fleet.locks.exclusive)."""
+        done: list[RepairStep] = []
         inst = self.current(index)
         if inst is None:
-            return done
+            return RepairResult()
         primary = inst.primary
         old_name = primary.name if primary else inst.name
         if primary is None or primary.info.state not in ("running", "paused"):
             running_standbys = [g for g in inst.standbys if g.info.state == "running"]
             if policy == "failover" and running_standbys:
                 new = self.failover(inst, progress)
-                done.append((old_name, f"failed over from {old_name} to {new.name} on {new.info.host}; "
+                done.append(RepairStep(old_name, Action.FAILOVER,
+                                       f"failed over from {old_name} to {new.name} on {new.info.host}; "
                                        f"{old_name} rebuilt as a standby"))
             elif primary is None:
                 if not running_standbys:
                     raise GuestNotReady(f"{inst.name}: no primary and no running standby; nothing to recover from")
                 new = self.failover(inst, progress)
-                done.append((old_name, f"primary guest missing: failed over to {new.name} on {new.info.host}"))
+                done.append(RepairStep(old_name, Action.FAILOVER,
+                                       f"primary guest missing: failed over to {new.name} on {new.info.host}"))
             else:
                 try:
                     self.restart(primary, progress)
-                    done.append((old_name, f"restarted {primary.name} from its disk on {primary.info.host}"))
+                    done.append(RepairStep(old_name, Action.RESTART,
+                                           f"restarted {primary.name} from its disk on {primary.info.host}"))
                 except PgcarveError as exc:
                     if not running_standbys:
                         raise
                     log.error("%s: restarting %s failed (%s); failing over instead", inst.name, primary.name, exc)
                     new = self.failover(self.current(index) or inst, progress)
-                    done.append((old_name, f"could not restart {primary.name} ({exc}); failed over to {new.name}"))
+                    done.append(RepairStep(old_name, Action.FAILOVER,
+                                           f"could not restart {primary.name} ({exc}); failed over to {new.name}"))
             inst = self.current(index)
             if inst is None or inst.primary is None:
                 raise GuestNotReady(f"instance {index} has no primary after recovery")
         primary = inst.primary
         assert primary is not None
         if primary.endpoint is None:
-            primary = self.fleet.wait_sql(self.fleet.config.host(primary.info.host), primary.name, progress)
+            primary = self.provisioner.wait_sql(self.fleet.config.host(primary.info.host), primary.name, progress)
 
-        def bring_back(guest: Guest) -> tuple[str, str]:
+        def bring_back(guest: Guest) -> RepairStep:
             try:
                 self.restart(guest, progress)
-                return guest.name, f"restarted standby {guest.name} from its disk on {guest.info.host}"
+                return RepairStep(guest.name, Action.RESTART,
+                                  f"restarted standby {guest.name} from its disk on {guest.info.host}")
             except PgcarveError as exc:
                 log.error("%s: standby %s did not come back (%s); rebuilding it", inst.name, guest.name, exc)
                 host = self.fleet.config.host(guest.info.host)
                 self.rebuild_standby(primary, host, guest.name, guest.info.metadata.standby, progress)
-                return guest.name, f"rebuilt standby {guest.name} on {guest.info.host} (restart failed: {exc})"
+                return RepairStep(guest.name, Action.REBUILD,
+                                  f"rebuilt standby {guest.name} on {guest.info.host} (restart failed: {exc})")
 
-        def rebuild(host: HostConfig, name: str, number: int) -> tuple[str, str]:
+        def rebuild(host: HostConfig, name: str, number: int) -> RepairStep:
             self.rebuild_standby(primary, host, name, number, progress)
-            return name, f"rebuilt missing standby {name} on {host.name}"
+            return RepairStep(name, Action.REBUILD, f"rebuilt missing standby {name} on {host.name}")
 
         stopped = [g for g in inst.standbys if g.info.state not in ("running", "paused")]
         missing = self.missing_standbys(inst)
@@ -250,5 +270,5 @@ class Recovery:
         if final is not None and final.primary is not None and final.standbys and (stopped or missing or done):
             primary_now = final.primary
             if primary_now.endpoint is not None:
-                self.fleet.wait_streaming(primary_now, [g.name for g in final.standbys], progress)
-        return done
+                self.provisioner.wait_streaming(primary_now, [g.name for g in final.standbys], progress)
+        return RepairResult(tuple(done))

@@ -17,9 +17,13 @@ from dataclasses import dataclass
 
 import psycopg
 
+from pgcarve.control.capacity import check_capacity
 from pgcarve.control.fleet import Fleet, Instance, Progress, no_progress
+from pgcarve.control.provisioning import Provisioner
+from pgcarve.control.removal import remove_instance
 from pgcarve.errors import Conflict, GuestNotReady
-from pgcarve.guest.seed import application_name
+from pgcarve.naming import instance_name
+from pgcarve.postgres import replication
 
 log = logging.getLogger("pgcarve.control.scaler")
 
@@ -44,18 +48,19 @@ class Scaler:
 
     def __init__(self, fleet: Fleet, max_parallel: int = 8):
         self.fleet = fleet
+        self.provisioner = Provisioner(fleet)
         self.max_parallel = max_parallel
         self._busy = threading.Lock()
 
     def scale(self, target: int, progress: Progress = no_progress) -> ScalePlan:
         """Scale to `target` instances; raises CapacityError/ConfigError before changing anything."""
-        self.fleet.check_capacity(target)
+        check_capacity(self.fleet, target)
         if not self._busy.acquire(blocking=False):
             raise Conflict("another scale operation is running")
         try:
             plan = plan_scale(self.fleet.observe(with_endpoints=False), target)
             for index in plan.remove:
-                self.retire(self.fleet.instance(f"{self.fleet.config.fleet}-{index:02d}"), progress)
+                self.retire(self.fleet.instance(instance_name(self.fleet.config.fleet, index)), progress)
             if plan.create:
                 with ThreadPoolExecutor(max_workers=min(self.max_parallel, len(plan.create))) as pool:
                     futures = [pool.submit(self._create, i, progress) for i in plan.create]
@@ -72,9 +77,9 @@ class Scaler:
             self._busy.release()
 
     def _create(self, index: int, progress: Progress) -> None:
-        name = f"{self.fleet.config.fleet}-{index:02d}"
+        name = instance_name(self.fleet.config.fleet, index)
         try:
-            self.fleet.create_instance(index, progress)
+            self.provisioner.create_instance(index, progress)
         except Exception as exc:
             # Say so at once: the operation only fails after its other instances finish.
             log.error("creating %s failed (its guests and disks were removed): %s", name, exc)
@@ -88,42 +93,26 @@ class Scaler:
         until the synchronous standbys have replayed the primary's last WAL position. The
         instance's data goes with it: scale-down removes whole instances.
         """
-        with self.fleet.exclusive(instance.index, "removing"):
+        with self.fleet.locks.exclusive(instance.index, "removing"):
             self._retire(instance, progress, timeout_s)
 
     def _retire(self, instance: Instance, progress: Progress, timeout_s: float) -> None:
         primary = instance.primary
         if primary is not None and primary.info.state == "running" and instance.standbys:
             progress(instance.name, "refusing new writes", 0.2)
+            standbys = [s.name for s in instance.standbys]
             try:
                 with self.fleet.connect(primary) as conn:
-                    conn.execute("alter system set default_transaction_read_only = on")
-                    conn.execute("select pg_reload_conf()")
-                    conn.execute(
-                        "select pg_terminate_backend(pid) from pg_stat_activity "
-                        "where backend_type = 'client backend' and pid <> pg_backend_pid()"
-                    )
-                    lsn = conn.execute("select pg_current_wal_lsn()").fetchone()
+                    lsn = replication.refuse_writes(conn)
                     progress(instance.name, "waiting for standbys to replay", 0.5)
-                    names = [application_name(s.name) for s in instance.standbys]
                     deadline = time.monotonic() + timeout_s
-                    while True:
-                        rows = conn.execute(
-                            "select application_name from pg_stat_replication "
-                            "where application_name = any(%s) and replay_lsn >= %s::pg_lsn "
-                            "and sync_state in ('sync', 'quorum')",
-                            (names, lsn[0] if lsn else "0/0"),
-                        ).fetchall()
-                        if rows:
-                            break
+                    while not replication.synchronous_standbys_at(conn, standbys, lsn):
                         if time.monotonic() > deadline:
-                            raise GuestNotReady(
-                                f"{instance.name}: no synchronous standby replayed up to {lsn[0] if lsn else '?'} "
-                                f"in {timeout_s:.0f} s; instance kept"
-                            )
+                            raise GuestNotReady(f"{instance.name}: no synchronous standby replayed up to {lsn} "
+                                                f"in {timeout_s:.0f} s; instance kept")
                         time.sleep(0.2)
             except psycopg.Error as exc:
                 raise GuestNotReady(f"{instance.name}: could not fence writes before removal: {exc}") from None
         progress(instance.name, "removing guests and disks", 0.8)
-        self.fleet.remove_instance(instance)
+        remove_instance(self.fleet, instance)
         progress(instance.name, "removed", 1.0)

@@ -15,17 +15,22 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from pgcarve.config import FleetConfig, Paths
-from pgcarve.control.collector import Collector, StandbyState, Target
+from pgcarve.config import FleetConfig
+from pgcarve.control.capacity import check_capacity
+from pgcarve.control.collector import Collector, Target
 from pgcarve.control.fleet import Fleet, Instance
 from pgcarve.control.operations import Operation, OperationQueue
 from pgcarve.control.rates import RateTracker, Snapshot
+from pgcarve.control.removal import discard_half_made
 from pgcarve.control.scaler import Scaler
 from pgcarve.control.supervisor import Incident, Supervisor
 from pgcarve.errors import CapacityError, ConfigError, NotFound, PgcarveError
-from pgcarve.guest.seed import ADMIN_USER, application_name
+from pgcarve.naming import application_name
 from pgcarve.planning.planner import explain, plan_host, plan_to_dict
-from pgcarve.virt.host import start_event_loop
+from pgcarve.postgres.session import ADMIN_USER
+from pgcarve.postgres.statistics import StandbyState
+from pgcarve.settings import Paths
+from pgcarve.virt.events import start_event_loop
 
 log = logging.getLogger("pgcarve.control.service")
 
@@ -41,10 +46,10 @@ class FleetView:
 
 class ManagerService:
     def __init__(self, config: FleetConfig, paths: Paths, refresh_s: float = 2.0, collect: bool = True,
-                 collect_interval_s: float = 1.0, supervise: bool = True):
+                 collect_interval_s: float = 1.0, supervise: bool = True, boot_timeout_s: float = 600.0):
         self.config = config
         self.paths = paths
-        self.fleet = Fleet(config, paths)
+        self.fleet = Fleet(config, paths, boot_timeout_s=boot_timeout_s)
         self.scaler = Scaler(self.fleet)
         paths.state_dir.mkdir(parents=True, exist_ok=True)
         self.operations = OperationQueue(self._run_operation, journal=paths.state_dir / "operations.json")
@@ -65,7 +70,7 @@ class ManagerService:
         if self.supervisor is not None:
             start_event_loop()  # before any connection, so every connection notices a restarted libvirtd
         try:
-            for what in self.fleet.discard_half_made():
+            for what in discard_half_made(self.fleet):
                 log.warning("removed %s, left by a manager that stopped in the middle of an operation", what)
         except PgcarveError as exc:
             log.error("could not check for half-made instances: %s", exc)
@@ -216,9 +221,9 @@ class ManagerService:
         docs = []
         for host in self.config.hosts:
             topo = self.fleet.topology(host.name)
-            plan = plan_host(topo, self.fleet.planner_config, instances)
+            plan = plan_host(topo, self.fleet.placement.planner, instances)
             docs.append({"host": host.name, "role": host.role, **plan_to_dict(plan),
-                         "explanation": explain(plan, topo, self.fleet.planner_config)})
+                         "explanation": explain(plan, topo, self.fleet.placement.planner)})
         return docs
 
     def snapshot(self) -> Snapshot:
@@ -233,7 +238,7 @@ class ManagerService:
 
     def request_scale(self, instances: int) -> Operation:
         """Validate and queue a scale; raises (and changes nothing) if it can never succeed."""
-        self.fleet.check_capacity(instances)
+        check_capacity(self.fleet, instances)
         return self.operations.submit("scale", instances)
 
     def _run_operation(self, op: Operation) -> None:

@@ -22,9 +22,10 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 
 from pgcarve.control.fleet import Fleet, Instance
-from pgcarve.control.recovery import Recovery
+from pgcarve.control.provisioning import Provisioner
+from pgcarve.control.recovery import Action, Repairer
 from pgcarve.errors import NotFound, PgcarveError
-from pgcarve.virt.host import GuestEvent, LifecycleWatch
+from pgcarve.virt.events import GuestEvent, LifecycleWatch
 
 log = logging.getLogger("pgcarve.control.supervisor")
 
@@ -59,7 +60,7 @@ class Supervisor:
     def __init__(self, fleet: Fleet, on_change: Callable[[], None] = lambda: None, sweep_s: float = 15.0,
                  retry_s: float = 30.0):
         self.fleet = fleet
-        self.recovery = Recovery(fleet)
+        self.repairer = Repairer(fleet, Provisioner(fleet))
         self.on_change = on_change
         self.sweep_s = sweep_s
         self.retry_s = retry_s
@@ -95,8 +96,9 @@ class Supervisor:
         deadline = time.monotonic() + timeout_s
         return all(w.connected.wait(max(0.0, deadline - time.monotonic())) for w in self._watches)
 
-    def settled(self) -> bool:
-        """Watching every host, and no sweep pending (the start-up sweeps are done)."""
+    def ready(self) -> bool:
+        """Watching every host's events, and the start-up sweep for faults missed while no
+        manager ran is done (GET /healthz reports it)."""
         return all(w.connected.is_set() for w in self._watches) and self.sweeps > 0 and not self._sweep_now.is_set()
 
     def watching(self, host: str) -> bool:
@@ -145,7 +147,7 @@ class Supervisor:
                 self.sweeps += 1
 
     def _on_event(self, event: GuestEvent) -> None:
-        if self.fleet.stopping_on_purpose(event.name):
+        if self.fleet.planned_stops.on_purpose(event.name):
             return
         try:
             info = self.fleet.hosts[event.host].guest(event.name)
@@ -172,7 +174,7 @@ class Supervisor:
             problems = self._problems(inst)
             if not problems:
                 continue
-            if inst.index in self._running or self.fleet.busy(inst.index):
+            if inst.index in self._running or self.fleet.locks.busy(inst.index):
                 continue
             with self._lock:
                 pending = self._pending.get(inst.index)
@@ -246,9 +248,9 @@ class Supervisor:
                 incidents = pending.incidents
                 for incident in incidents:
                     incident.attempts += 1
-                with self.fleet.exclusive(index, "recovering from a fault"):
+                with self.fleet.locks.exclusive(index, "recovering from a fault"):
                     try:
-                        done = self.recovery.repair(index, self.policy)
+                        result = self.repairer.repair(index, self.policy)
                     except PgcarveError as exc:
                         log.error("instance %d: recovery failed: %s (will try again)", index, exc)
                         self._finish(incidents, "failed", self.policy, str(exc))
@@ -257,21 +259,25 @@ class Supervisor:
                         log.exception("instance %d: recovery crashed", index)
                         self._finish(incidents, "failed", self.policy, f"{type(exc).__name__}: {exc}")
                         continue
-                log.warning("instance %d recovered: %s", index, "; ".join(w for _, w in done) or "nothing to do")
+                log.warning("instance %d recovered: %s", index,
+                            "; ".join(step.message for step in result.steps) or "nothing to do")
                 # Faults reported while this repair ran are settled by it if it repaired their guest.
                 with self._lock:
                     later = self._pending.get(index)
-                    settled = [i for i in (later.incidents if later else []) if any(g == i.guest for g, _ in done)]
+                    settled = [i for i in (later.incidents if later else []) if result.repaired(i.guest)]
                     if later is not None:
                         later.incidents = [i for i in later.incidents if i not in settled]
                         if not later.incidents:
                             del self._pending[index]
                 for incident in (*incidents, *settled):
-                    lines = [w for g, w in done if g == incident.guest] or [w for _, w in done]
-                    message = "; ".join(lines) or "nothing to do: the instance was already whole"
-                    action = ("failover" if "failed over" in message else
-                              "rebuild" if "rebuilt" in message else "restart" if "restarted" in message else "none")
-                    self._finish([incident], "recovered", action, message)
+                    steps = result.for_guest(incident.guest) or list(result.steps)
+                    message = ("; ".join(step.message for step in steps)
+                               or "nothing to do: the instance was already whole")
+                    # The most decisive thing done for this guest names the action.
+                    actions = {step.action for step in steps}
+                    action = next((a for a in (Action.FAILOVER, Action.REBUILD, Action.RESTART) if a in actions),
+                                  Action.NONE)
+                    self._finish([incident], "recovered", action.value, message)
         finally:
             with self._lock:
                 self._running.discard(index)

@@ -12,7 +12,6 @@ from __future__ import annotations
 import base64
 import hashlib
 import hmac
-import ipaddress
 import json
 import re
 import secrets
@@ -23,51 +22,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
+from pgcarve.addresses import check_address, check_network
 from pgcarve.errors import ConfigError
+from pgcarve.guest.credentials import Credentials
+from pgcarve.naming import slot_name
 
 INSTANCE_NAME_RE = re.compile(r"^[a-z][a-z0-9-]{0,62}$")
-SECRET_RE = re.compile(r"^[A-Za-z0-9]{16,128}$")
 SCRAM_ITERATIONS = 4096
-# Role names are fixed in the image (created at build time); only their passwords vary.
-ADMIN_USER = "pgcarve"
-REPLICATION_USER = "replicator"
-# pgcarve's own sessions log in to this database (made in the image), so what they do is never
-# counted as the clients' work (collector.py); clients use the others.
-MANAGER_DATABASE = "pgcarve"
-CLIENT_DATABASE = "postgres"
 Role = Literal["primary", "standby"]
-SyncMode = Literal["FIRST", "ANY"]
-
-
-# Digits, hex letters, ':' and '.' only: ipaddress alone accepts IPv6 scope ids ("fe80::%x"),
-# which may carry spaces or newlines into pg_hba.conf or a conninfo string.
-_ADDRESS_CHARS = re.compile(r"[0-9A-Fa-f:.]+")
-_NETWORK_CHARS = re.compile(r"[0-9A-Fa-f:.]+/[0-9]{1,3}")
-
-
-def check_network(value: str) -> str:
-    """A CIDR such as 10.77.0.0/16 (normalized), or ConfigError."""
-    if not isinstance(value, str) or not _NETWORK_CHARS.fullmatch(value):
-        raise ConfigError(f"allowed network {value!r} is not a CIDR like 10.77.0.0/16")
-    try:
-        return str(ipaddress.ip_network(value, strict=False))
-    except ValueError as exc:
-        raise ConfigError(f"allowed network {value!r} is not a CIDR: {exc}") from None
-
-
-def check_address(value: str) -> str:
-    """A plain IPv4/IPv6 address, or ConfigError."""
-    if not isinstance(value, str) or not _ADDRESS_CHARS.fullmatch(value):
-        raise ConfigError(f"address {value!r} is not a plain IP address")
-    try:
-        return str(ipaddress.ip_address(value))
-    except ValueError as exc:
-        raise ConfigError(f"address {value!r} is not an IP address: {exc}") from None
-
-
-def new_secret() -> str:
-    """A random alphanumeric password (safe in DSNs, conninfo strings and YAML unquoted)."""
-    return secrets.token_hex(24)
 
 
 def scram_verifier(password: str, salt: bytes | None = None, iterations: int = SCRAM_ITERATIONS) -> str:
@@ -82,41 +44,6 @@ def scram_verifier(password: str, salt: bytes | None = None, iterations: int = S
         return base64.b64encode(raw).decode()
 
     return f"SCRAM-SHA-256${iterations}:{b64(salt)}${b64(stored_key)}:{b64(server_key)}"
-
-
-def application_name(instance_name: str) -> str:
-    """The name a standby reports to its primary (an identifier usable in synchronous_standby_names)."""
-    return instance_name.replace("-", "_")
-
-
-def slot_name(standby_name: str) -> str:
-    return "pgcarve_" + application_name(standby_name)
-
-
-def synchronous_standby_names(mode: SyncMode, count: int, standbys: list[str]) -> str:
-    """E.g. FIRST 1 (pgc_01_s1, pgc_01_s2): the experiment's one sync + one potential standby."""
-    if not standbys:
-        return ""
-    if not 1 <= count <= len(standbys):
-        raise ConfigError(f"sync standby count {count} must be between 1 and {len(standbys)} (standbys)")
-    names = ", ".join(application_name(s) for s in standbys)
-    return f"{mode} {count} ({names})"
-
-
-@dataclass(frozen=True)
-class Credentials:
-    """The fleet's PostgreSQL passwords (kept by the manager in its state directory, mode 0600).
-
-    The admin login is ADMIN_USER, the standbys' login is REPLICATION_USER.
-    """
-
-    admin_password: str
-    replication_password: str
-
-    def __post_init__(self) -> None:
-        for value in (self.admin_password, self.replication_password):
-            if not SECRET_RE.fullmatch(value):
-                raise ConfigError("credentials: passwords must be 16-128 letters or digits")
 
 
 @dataclass(frozen=True)

@@ -8,7 +8,6 @@ API, Terraform) that plans the same host with the same config gets identical pin
 
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -361,12 +360,3 @@ def plan_to_dict(plan: HostPlan) -> dict[str, Any]:
         "notes": list(plan.notes),
     }
 
-
-def time_plan(topology: HostTopology, config: PlannerConfig, instances: int, repeat: int = 1) -> float:
-    """Return the wall time in seconds of ``plan_host`` (best of ``repeat`` runs), for benchmarks."""
-    best = float("inf")
-    for _ in range(max(1, repeat)):
-        start = time.perf_counter()
-        plan_host(topology, config, instances)
-        best = min(best, time.perf_counter() - start)
-    return best

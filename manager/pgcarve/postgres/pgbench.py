@@ -13,13 +13,14 @@ import re
 import shutil
 import subprocess
 import tempfile
+import time
+from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
-from pgcarve.control.fleet import Fleet, Guest
 from pgcarve.errors import ConfigError, PgcarveError
-from pgcarve.guest.seed import CLIENT_DATABASE
+from pgcarve.postgres import session
 
 INSERT_SCRIPT = "insert into test(info) values (null);\n"
 CREATE_TABLE = "create table if not exists test(id serial primary key, info text, crt_time timestamp)"
@@ -76,40 +77,40 @@ def parse_pgbench(instance: str, output: str, started_at: float, finished_at: fl
     )
 
 
-def run_pgbench(fleet: Fleet, guest: Guest, clients: int, jobs: int, seconds: int,
-                script: str = INSERT_SCRIPT, extra_args: tuple[str, ...] = ()) -> PgbenchResult:
-    """Run pgbench against one guest; the load is bounded by -T seconds."""
-    import time
-
+def run_pgbench(name: str, endpoint: tuple[str, int] | None, password: str, clients: int, jobs: int,
+                seconds: int, script: str = INSERT_SCRIPT, extra_args: tuple[str, ...] = ()) -> PgbenchResult:
+    """Run pgbench as pgcarve's admin against one instance's PostgreSQL at `endpoint`, in the
+    clients' database, after creating the experiment's table there; bounded by -T seconds."""
     if not (1 <= clients <= 1000 and 1 <= jobs <= clients and 1 <= seconds <= 3600):
         raise ConfigError("pgbench: need 1 <= jobs <= clients <= 1000 and 1 <= seconds <= 3600")
-    if guest.endpoint is None:
-        raise PgcarveError(f"{guest.name} has no reachable endpoint")
-    with fleet.connect(guest, database=CLIENT_DATABASE) as conn:
+    if endpoint is None:
+        raise PgcarveError(f"{name} has no reachable endpoint")
+    host, port = endpoint
+    with session.connect(host, port, password, database=session.CLIENT_DATABASE) as conn:
         conn.execute(CREATE_TABLE)
-    host, port = guest.endpoint
     with tempfile.TemporaryDirectory(prefix="pgcarve-pgbench-") as tmp:
         script_file = Path(tmp) / "insert.sql"
         script_file.write_text(script)
-        env = dict(os.environ, PGPASSWORD=fleet.credentials.admin_password, PGCONNECT_TIMEOUT="10")
+        env = dict(os.environ, PGPASSWORD=password, PGCONNECT_TIMEOUT="10")
         started = time.time()
         proc = subprocess.run(
-            [pgbench_path(), "-h", host, "-p", str(port), "-U", "pgcarve", "-M", "prepared", "-n", "-r",
+            [pgbench_path(), "-h", host, "-p", str(port), "-U", session.ADMIN_USER, "-M", "prepared", "-n", "-r",
              "-f", str(script_file), "-c", str(clients), "-j", str(jobs), "-T", str(seconds), *extra_args,
-             CLIENT_DATABASE],
+             session.CLIENT_DATABASE],
             capture_output=True, text=True, env=env, timeout=seconds + 120, check=False,
         )
         finished = time.time()
     if proc.returncode != 0:
-        raise PgcarveError(f"pgbench on {guest.name} failed (exit {proc.returncode}): {proc.stderr.strip()[-600:]}")
-    return parse_pgbench(guest.name, proc.stdout + proc.stderr, started, finished)
+        raise PgcarveError(f"pgbench on {name} failed (exit {proc.returncode}): {proc.stderr.strip()[-600:]}")
+    return parse_pgbench(name, proc.stdout + proc.stderr, started, finished)
 
 
-def run_on_primaries(fleet: Fleet, clients: int, jobs: int, seconds: int) -> list[PgbenchResult]:
-    """pgbench on every running primary at the same time."""
-    primaries = [inst.primary for inst in fleet.observe() if inst.primary and inst.primary.endpoint]
-    if not primaries:
+def run_concurrently(targets: Sequence[tuple[str, tuple[str, int] | None]], password: str, clients: int, jobs: int,
+                     seconds: int) -> list[PgbenchResult]:
+    """pgbench on every (name, endpoint) at the same time."""
+    if not targets:
         raise PgcarveError("no running primary to load: create instances first (`pgcarve up --instances N`)")
-    with ThreadPoolExecutor(max_workers=len(primaries)) as pool:
-        futures = [pool.submit(run_pgbench, fleet, g, clients, jobs, seconds) for g in primaries]
+    with ThreadPoolExecutor(max_workers=len(targets)) as pool:
+        futures = [pool.submit(run_pgbench, name, endpoint, password, clients, jobs, seconds)
+                   for name, endpoint in targets]
         return [f.result() for f in futures]

@@ -27,6 +27,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from pgcarve.errors import SandboxError
+from pgcarve.processes import pid_alive, stop_pid
 
 CLONE_NEWNET = 0x40000000
 
@@ -113,33 +114,6 @@ class Forward:
     port: int
     target: str
     netns: str
-
-
-def pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
-def stop_pid(pid: int, timeout_s: float = 10.0) -> None:
-    """SIGTERM a process we started, then SIGKILL it if it lingers."""
-    if not pid_alive(pid):
-        return
-    with contextlib.suppress(ProcessLookupError):
-        os.kill(pid, signal.SIGTERM)
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        with contextlib.suppress(ChildProcessError):
-            os.waitpid(pid, os.WNOHANG)
-        if not pid_alive(pid):
-            return
-        time.sleep(0.05)
-    with contextlib.suppress(ProcessLookupError):
-        os.kill(pid, signal.SIGKILL)
 
 
 class ForwardRegistry:

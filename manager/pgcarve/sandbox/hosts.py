@@ -1,5 +1,7 @@
 """The local sandbox: private libvirt hosts for machines that have none configured.
 
+(Faults injected into it on purpose are sandbox/faults.py.)
+
 Each sandbox host is its own network namespace with its own libvirtd and virtlogd, in a mount
 namespace where /run, /etc/libvirt, /var/lib/libvirt, /var/log/libvirt and /var/cache/libvirt
 are private, so nothing touches the machine's own libvirt. Guests, bridges, dnsmasq and every
@@ -27,8 +29,10 @@ from pathlib import Path
 
 from pgcarve.config import FleetConfig, HostConfig, InstanceSize, Replication, write_fleet_config
 from pgcarve.errors import SandboxError
-from pgcarve.sandbox.forward import ForwardRegistry, pid_alive, stop_pid
+from pgcarve.processes import pid_alive, stop_pid
+from pgcarve.sandbox.forward import ForwardRegistry
 from pgcarve.virt.host import LibvirtHost
+from pgcarve.virt.xml_specs import NetworkSpec
 
 REQUIRED_TOOLS = ("ip", "unshare", "libvirtd", "virtlogd", "qemu-system-x86_64", "dnsmasq", "qemu-img")
 GUEST_NET = "10.77.{i}.0/24"
@@ -53,7 +57,7 @@ libvirtd -d -p "$host_dir/pids/libvirtd.pid" -f /etc/libvirt/libvirtd.conf
 """
 
 
-def _run(args: list[str], check: bool = True) -> subprocess.CompletedProcess[str]:
+def run_checked(args: list[str], check: bool = True) -> subprocess.CompletedProcess[str]:
     proc = subprocess.run(args, capture_output=True, text=True, check=False)
     if check and proc.returncode != 0:
         raise SandboxError(f"`{' '.join(args)}` failed: {(proc.stderr or proc.stdout).strip()}")
@@ -110,9 +114,9 @@ class Sandbox:
 
     def is_up(self) -> bool:
         hosts = self.hosts()
-        return bool(hosts) and all(self._daemon_pid(h, "libvirtd") for h in hosts)
+        return bool(hosts) and all(self.daemon_pid(h, "libvirtd") for h in hosts)
 
-    def _daemon_pid(self, host: SandboxHost, daemon: str) -> int | None:
+    def daemon_pid(self, host: SandboxHost, daemon: str) -> int | None:
         try:
             pid = int((host.directory / "pids" / f"{daemon}.pid").read_text().strip())
         except (FileNotFoundError, ValueError):
@@ -172,13 +176,13 @@ class Sandbox:
         if self._netns_exists(self.wire_netns):
             return
         progress(f"creating the sandbox wire (namespace {self.wire_netns})")
-        _run(["ip", "netns", "add", self.wire_netns])
-        _run(["ip", "-n", self.wire_netns, "link", "set", "lo", "up"])
-        _run(["ip", "-n", self.wire_netns, "link", "add", "wire0", "type", "bridge"])
-        _run(["ip", "-n", self.wire_netns, "link", "set", "wire0", "up"])
+        run_checked(["ip", "netns", "add", self.wire_netns])
+        run_checked(["ip", "-n", self.wire_netns, "link", "set", "lo", "up"])
+        run_checked(["ip", "-n", self.wire_netns, "link", "add", "wire0", "type", "bridge"])
+        run_checked(["ip", "-n", self.wire_netns, "link", "set", "wire0", "up"])
 
     def _host_up(self, host: SandboxHost, total: int, progress: Callable[[str], None]) -> None:
-        if self._daemon_pid(host, "libvirtd"):
+        if self.daemon_pid(host, "libvirtd"):
             return
         progress(f"starting sandbox host {host.name} (namespace {host.netns})")
         for sub in ("etc", "lib", "log/qemu", "cache", "pids"):
@@ -186,34 +190,34 @@ class Sandbox:
         host.socket_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
         self._write_libvirt_config(host)
         if not self._netns_exists(host.netns):
-            _run(["ip", "netns", "add", host.netns])
-            _run(["ip", "-n", host.netns, "link", "set", "lo", "up"])
+            run_checked(["ip", "netns", "add", host.netns])
+            run_checked(["ip", "-n", host.netns, "link", "set", "lo", "up"])
             # The host's uplink to the wire, and routes to the other hosts' guest networks.
-            _run(["ip", "-n", host.netns, "link", "add", "uplink", "type", "veth",
+            run_checked(["ip", "-n", host.netns, "link", "add", "uplink", "type", "veth",
                   "peer", "name", f"w{host.index}", "netns", self.wire_netns])
-            _run(["ip", "-n", self.wire_netns, "link", "set", f"w{host.index}", "master", "wire0", "up"])
-            _run(["ip", "-n", host.netns, "addr", "add", f"{WIRE_PREFIX}{host.index + 1}/24", "dev", "uplink"])
-            _run(["ip", "-n", host.netns, "link", "set", "uplink", "up"])
-            _run(["ip", "netns", "exec", host.netns, "sysctl", "-qw", "net.ipv4.ip_forward=1"])
+            run_checked(["ip", "-n", self.wire_netns, "link", "set", f"w{host.index}", "master", "wire0", "up"])
+            run_checked(["ip", "-n", host.netns, "addr", "add", f"{WIRE_PREFIX}{host.index + 1}/24", "dev", "uplink"])
+            run_checked(["ip", "-n", host.netns, "link", "set", "uplink", "up"])
+            run_checked(["ip", "netns", "exec", host.netns, "sysctl", "-qw", "net.ipv4.ip_forward=1"])
             for other in range(MAX_HOSTS):
                 if other != host.index:
-                    _run(["ip", "-n", host.netns, "route", "add", GUEST_NET.format(i=other),
+                    run_checked(["ip", "-n", host.netns, "route", "add", GUEST_NET.format(i=other),
                           "via", f"{WIRE_PREFIX}{other + 1}"])
         for pid_file in host.pid_files:
             pid_file.unlink(missing_ok=True)
-        self._run_reaped(host, ["ip", "netns", "exec", host.netns, "unshare", "--mount", "--propagation", "private",
+        self.run_reaped(host, ["ip", "netns", "exec", host.netns, "unshare", "--mount", "--propagation", "private",
                                 "sh", "-c", _START_DAEMONS, "pgcarve-sandbox", str(host.directory)])
-        lv = self._wait_libvirtd(host)
+        lv = self.wait_libvirtd(host)
         progress(f"{host.name}: network {NETWORK_NAME} 10.77.{host.index}.0/24 and storage pool")
-        lv.ensure_network(NETWORK_NAME, "pgcbr0", f"10.77.{host.index}.1", 24,
-                          f"10.77.{host.index}.10", f"10.77.{host.index}.250")
-        lv.ensure_pool()
+        lv.ensure_network(NetworkSpec(NETWORK_NAME, "pgcbr0", f"10.77.{host.index}.1", 24,
+                                      f"10.77.{host.index}.10", f"10.77.{host.index}.250"))
+        lv.storage.ensure_pool()
         lv.close()
 
-    def _run_reaped(self, host: SandboxHost, args: list[str]) -> None:
+    def run_reaped(self, host: SandboxHost, args: list[str]) -> None:
         """Run a command that starts daemons, under a reaper of their orphans (see reaper.py)."""
         pid_file = host.directory / "pids" / f"reaper-{time.time_ns()}.pid"
-        _run([sys.executable, str(Path(__file__).with_name("reaper.py")), str(pid_file), *args])
+        run_checked([sys.executable, str(Path(__file__).with_name("reaper.py")), str(pid_file), *args])
 
     def _reapers(self, host: SandboxHost) -> list[int]:
         pids = []
@@ -243,44 +247,28 @@ class Sandbox:
         for name in ("network.conf",):
             (etc / name).write_text("")
 
-    # -- fault injection and inspection (tests, operators reproducing a fault) --------------
+    # -- inside a host ------------------------------------------------------------------------
 
-    def _anchor(self, host: SandboxHost) -> int:
+    def host_named(self, name: str) -> SandboxHost:
+        """A running sandbox host by name (h0, h1, ...), or SandboxError listing the names."""
+        for host in self.hosts():
+            if host.name == name:
+                return host
+        names = ", ".join(h.name for h in self.hosts()) or "none"
+        raise SandboxError(f"no sandbox host named {name!r} (hosts: {names})")
+
+    def anchor_pid(self, host: SandboxHost) -> int:
         """A process inside the host's namespaces: virtlogd lives as long as they do."""
-        anchor = self._daemon_pid(host, "virtlogd")
+        anchor = self.daemon_pid(host, "virtlogd")
         if anchor is None:
             raise SandboxError(f"sandbox host {host.name} is not running (no virtlogd)")
         return anchor
 
-    def _nsenter(self, host: SandboxHost) -> list[str]:
-        return ["nsenter", "-t", str(self._anchor(host)), "-m", "-n", "--"]
+    def enter(self, host: SandboxHost) -> list[str]:
+        """The command prefix that runs a command inside the host's network and mount namespaces."""
+        return ["nsenter", "-t", str(self.anchor_pid(host)), "-m", "-n", "--"]
 
-    def run_in_host(self, index: int, args: list[str], check: bool = True) -> subprocess.CompletedProcess[str]:
-        """Run a command inside sandbox host `index`'s network and mount namespaces."""
-        return _run([*self._nsenter(self.host(index)), *args], check=check)
-
-    def qemu_pid(self, index: int, guest: str) -> int:
-        """The PID of a guest's QEMU process (libvirt's pid file in the host's private /run)."""
-        host = self.host(index)
-        pid_file = Path(f"/proc/{self._anchor(host)}/root/run/libvirt/qemu/{guest}.pid")
-        try:
-            return int(pid_file.read_text().strip())
-        except (FileNotFoundError, ValueError):
-            raise SandboxError(f"{guest} is not running on sandbox host {host.name} ({pid_file})") from None
-
-    def restart_libvirtd(self, index: int) -> None:
-        """Stop host `index`'s libvirtd (by PID) and start it again; guests keep running."""
-        host = self.host(index)
-        pid = self._daemon_pid(host, "libvirtd")
-        if pid is not None:
-            stop_pid(pid)
-        pid_file = host.directory / "pids" / "libvirtd.pid"
-        pid_file.unlink(missing_ok=True)
-        self._run_reaped(host, [*self._nsenter(host),
-                                "libvirtd", "-d", "-p", str(pid_file), "-f", "/etc/libvirt/libvirtd.conf"])
-        self._wait_libvirtd(host).close()
-
-    def _wait_libvirtd(self, host: SandboxHost, timeout_s: float = 30) -> LibvirtHost:
+    def wait_libvirtd(self, host: SandboxHost, timeout_s: float = 30) -> LibvirtHost:
         """A connection to the host's libvirtd once it answers (started moments ago)."""
         lv = LibvirtHost(host.name, host.uri)
         deadline = time.monotonic() + timeout_s
@@ -303,31 +291,24 @@ class Sandbox:
         self.forwards.remove_all()
         for host in self.hosts():
             progress(f"stopping sandbox host {host.name}")
-            if self._daemon_pid(host, "libvirtd"):
+            if self.daemon_pid(host, "libvirtd"):
                 lv = LibvirtHost(host.name, host.uri)
                 with contextlib.suppress(Exception):
-                    for dom in lv.conn.listAllDomains(0):
-                        with contextlib.suppress(Exception):
-                            if dom.isActive():
-                                dom.destroy()
-                    for net in lv.conn.listAllNetworks(0):
-                        with contextlib.suppress(Exception):
-                            if net.isActive():
-                                net.destroy()
+                    lv.power_off_everything()
                 lv.close()
             for daemon in ("libvirtd", "virtlogd"):
-                pid = self._daemon_pid(host, daemon)
+                pid = self.daemon_pid(host, daemon)
                 if pid:
                     stop_pid(pid)
             if self._netns_exists(host.netns):
                 self._stop_namespace_processes(host.netns)
-                _run(["ip", "netns", "del", host.netns], check=False)
+                run_checked(["ip", "netns", "del", host.netns], check=False)
             for pid in self._reapers(host):  # they leave once their daemons are gone
                 stop_pid(pid)
             shutil.rmtree(host.directory, ignore_errors=True)
             shutil.rmtree(host.socket_dir, ignore_errors=True)
         if self._netns_exists(self.wire_netns):
-            _run(["ip", "netns", "del", self.wire_netns], check=False)
+            run_checked(["ip", "netns", "del", self.wire_netns], check=False)
         shutil.rmtree(self.socket_root, ignore_errors=True)
         shutil.rmtree(self.directory / "forwards", ignore_errors=True)
         (self.directory / "hosts.yaml").unlink(missing_ok=True)
@@ -336,7 +317,7 @@ class Sandbox:
         """Processes still inside a namespace we created (e.g. qemu or dnsmasq left by a killed
         libvirtd) are ours: stop them by PID before the namespace goes."""
         for _ in range(2):
-            pids = [int(p) for p in _run(["ip", "netns", "pids", netns], check=False).stdout.split()]
+            pids = [int(p) for p in run_checked(["ip", "netns", "pids", netns], check=False).stdout.split()]
             if not pids:
                 return
             for pid in pids:

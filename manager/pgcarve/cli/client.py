@@ -1,0 +1,91 @@
+"""The one small HTTP client every API-calling command uses (scale, status, load, server)."""
+
+from __future__ import annotations
+
+import json
+import time
+from typing import Any
+
+import httpx
+
+from pgcarve.errors import PgcarveError
+from pgcarve.processes import pid_alive
+from pgcarve.settings import Paths, Settings
+
+
+def read_server(paths: Paths) -> dict[str, Any] | None:
+    """{pid, url} of the running API server from server.json, or None when none runs."""
+    try:
+        data: dict[str, Any] = json.loads(paths.server_file.read_text())
+    except (FileNotFoundError, json.JSONDecodeError):
+        return None
+    return data if pid_alive(int(data.get("pid", 0))) else None
+
+
+class ApiError(PgcarveError):
+    """The API refused a request; the message is its own explanation."""
+
+    def __init__(self, status: int, detail: str):
+        super().__init__(f"{detail} (HTTP {status})")
+        self.status = status
+        self.detail = detail
+
+
+class ApiClient:
+    """Calls a pgcarve API server with the token from PGCARVE_TOKEN or the state directory."""
+
+    def __init__(self, url: str, token: str | None = None, timeout_s: float = 30.0):
+        self.url = url.rstrip("/")
+        self.timeout_s = timeout_s
+        self.headers = {"Authorization": f"Bearer {token}"} if token else {}
+
+    @classmethod
+    def for_settings(cls, settings: Settings, url: str | None = None) -> ApiClient:
+        """The client of the local server (server.json), or of `url`."""
+        paths = settings.paths
+        token = settings.token
+        if not token and paths.token_file.exists():
+            token = paths.token_file.read_text().strip()
+        server = read_server(paths)
+        return cls(url or (server["url"] if server else f"http://127.0.0.1:{settings.port}"), token)
+
+    def _check(self, resp: httpx.Response) -> Any:
+        if resp.status_code >= 400:
+            try:
+                detail = str(resp.json().get("detail", resp.text))
+            except (json.JSONDecodeError, AttributeError):
+                detail = resp.text
+            raise ApiError(resp.status_code, detail)
+        return resp.json()
+
+    def get(self, path: str, **params: Any) -> Any:
+        return self._check(httpx.get(f"{self.url}{path}", params=params, headers=self.headers,
+                                     timeout=self.timeout_s))
+
+    def put(self, path: str, body: dict[str, Any]) -> Any:
+        return self._check(httpx.put(f"{self.url}{path}", json=body, headers=self.headers, timeout=self.timeout_s))
+
+    def healthy(self) -> bool:
+        try:
+            return httpx.get(f"{self.url}/healthz", timeout=2).status_code == 200
+        except httpx.HTTPError:
+            return False
+
+    def transactions_during(self, started: float, finished: float, wait_s: float = 30) -> int | None:
+        """Client transactions the API counted from `started` until the load was idle after
+        `finished`: the difference of its running total (xacts_total) between the last sample
+        before `started` and the first sample 3 s past `finished`, so the last commits,
+        published up to ~1 s late, are in it. Waits for that sample at most `wait_s`; None if
+        none arrives or the history does not reach back to `started`."""
+        settled = finished + 3
+        deadline = time.monotonic() + wait_s
+        while True:
+            seconds = max(1, int(time.time() - started) + 5)
+            history = self.get("/v1/tps/history", seconds=seconds)
+            before = [p for p in history if p["at"] <= started]
+            after = [p for p in history if p["at"] >= settled]
+            if before and after:
+                return int(after[0]["xacts_total"]) - int(before[-1]["xacts_total"])
+            if time.monotonic() >= deadline or (history and not before):
+                return None
+            time.sleep(0.5)  # the collector records one sample per second

@@ -1,0 +1,84 @@
+"""What the command line prints: consoles, progress bars per guest, the status table."""
+
+from __future__ import annotations
+
+import threading
+from typing import Any
+
+from rich.console import Console
+from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+from pgcarve.control.fleet import Fleet, Instance
+
+console = Console(stderr=True)
+# Tables hold DSNs: never truncate them, even when stdout is not a terminal.
+out = Console(width=max(Console().width, 140))
+
+
+class ProgressBoard:
+    """One progress bar per guest, fed from worker threads (a control.fleet.Progress)."""
+
+    def __init__(self, progress: Progress):
+        self.progress = progress
+        self.tasks: dict[str, Any] = {}
+        self.lock = threading.Lock()
+
+    def __call__(self, name: str, step: str, fraction: float) -> None:
+        with self.lock:
+            if name not in self.tasks:
+                self.tasks[name] = self.progress.add_task(name, total=1.0, step=step)
+            self.progress.update(self.tasks[name], completed=fraction, step=step)
+
+
+def progress_display() -> Progress:
+    return Progress(
+        TextColumn("[bold]{task.description:<14}"),
+        BarColumn(bar_width=30),
+        TextColumn("{task.fields[step]}"),
+        TimeElapsedColumn(),
+        console=console,
+        transient=False,
+    )
+
+
+def instance_rows(fleet: Fleet, instances: list[Instance]) -> list[dict[str, Any]]:
+    rows = []
+    for inst in instances:
+        for guest in inst.guests:
+            rows.append({
+                "name": guest.name,
+                "instance": inst.name,
+                "role": guest.info.metadata.role,
+                "host": guest.info.host,
+                "host_cpus": list(guest.host_cpus),
+                "emulator_cpus": list(guest.info.emulator_cpus),
+                "memory_mib": guest.info.memory_mib,
+                "state": guest.info.state,
+                "address": guest.address,
+                "dsn": fleet.dsn(guest.endpoint) if guest.endpoint else None,
+            })
+    return rows
+
+
+def print_status(fleet: Fleet, instances: list[Instance]) -> None:
+    table = Table(title=f"pgcarve fleet {fleet.config.fleet!r}")
+    for column in ("name", "role", "host", "pinned host CPUs", "state", "DSN"):
+        table.add_column(column)
+    for row in instance_rows(fleet, instances):
+        table.add_row(row["name"], row["role"], row["host"], ",".join(map(str, row["host_cpus"])),
+                      row["state"], row["dsn"] or "-")
+    out.print(table)
+    if instances:
+        out.print(f"password for user pgcarve: in {fleet.paths.secrets_file} (admin_password)")
+
+
+def print_api_status(url: str, docs: list[dict[str, Any]]) -> None:
+    table = Table(title=f"pgcarve via {url}")
+    for column in ("name", "host", "vCPUs (host CPUs)", "state", "DSN", "standbys"):
+        table.add_column(column)
+    for inst in docs:
+        standbys = "; ".join(f"{s['name']}@{s['host']} {s['state']}/{s['sync_state']}" for s in inst["standbys"])
+        table.add_row(inst["name"], inst["host"], ",".join(map(str, inst["vcpus"])), inst["state"],
+                      inst["dsn"] or "-", standbys or "-")
+    out.print(table)

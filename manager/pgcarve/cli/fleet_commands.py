@@ -1,0 +1,160 @@
+"""Commands that act on the fleet directly through libvirt: up, status, down, plan, load."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+from rich.table import Table
+
+from pgcarve.cli.client import ApiClient, read_server
+from pgcarve.cli.display import (
+    ProgressBoard,
+    console,
+    instance_rows,
+    out,
+    print_api_status,
+    print_status,
+    progress_display,
+)
+from pgcarve.config import FleetConfig, load_fleet_config
+from pgcarve.control.capacity import check_capacity
+from pgcarve.control.fleet import Fleet
+from pgcarve.control.removal import discard_half_made, leftovers, remove_instance
+from pgcarve.errors import ConfigError, Conflict
+from pgcarve.planning.planner import explain, plan_host, plan_to_dict
+from pgcarve.settings import Settings
+
+
+def load_config(settings: Settings, hosts_file: str | None) -> FleetConfig:
+    path = settings.hosts_file_path(hosts_file)
+    if not path.exists():
+        raise ConfigError(
+            f"no hosts file ({path}): start the local sandbox with `pgcarve sandbox up`, "
+            "or write a hosts.yaml (see hosts.sample.yaml) and pass --hosts-file"
+        )
+    return load_fleet_config(path)
+
+
+def open_fleet(args: argparse.Namespace, settings: Settings) -> Fleet:
+    return Fleet(load_config(settings, args.hosts_file), settings.paths, boot_timeout_s=settings.boot_timeout)
+
+
+def cmd_up(args: argparse.Namespace, settings: Settings) -> int:
+    from pgcarve.control.scaler import Scaler
+
+    server = read_server(settings.paths)
+    if server is not None:
+        raise Conflict(f"a pgcarve server runs at {server['url']} and owns the fleet: "
+                       f"use `pgcarve scale {args.instances}` instead")
+    fleet = open_fleet(args, settings)
+    check_capacity(fleet, args.instances)
+    for what in discard_half_made(fleet):  # left by an earlier run that was killed
+        out.print(f"removed {what}, left by an interrupted run")
+    with progress_display() as progress:
+        Scaler(fleet).scale(args.instances, ProgressBoard(progress))
+    print_status(fleet, fleet.observe())
+    return 0
+
+
+def cmd_status(args: argparse.Namespace, settings: Settings) -> int:
+    if read_server(settings.paths) is not None and not args.local:
+        client = ApiClient.for_settings(settings)
+        docs = client.get("/v1/instances")
+        if args.json:
+            out.print_json(data=docs)
+        else:
+            print_api_status(client.url, docs)
+        return 0
+    fleet = open_fleet(args, settings)
+    instances = fleet.observe()
+    if args.json:
+        out.print_json(data=instance_rows(fleet, instances))
+    else:
+        print_status(fleet, instances)
+    return 0
+
+
+def cmd_down(args: argparse.Namespace, settings: Settings) -> int:
+    fleet = open_fleet(args, settings)
+    instances = fleet.observe(with_endpoints=False)
+    for inst in sorted(instances, key=lambda i: -i.index):
+        console.print(f"removing {inst.name} and its standbys")
+        remove_instance(fleet, inst)
+    left = leftovers(fleet)
+    if left:
+        console.print(f"[red]left behind: {', '.join(left)}")
+        return 1
+    out.print(f"removed {len(instances)} instance(s)")
+    return 0
+
+
+def cmd_plan(args: argparse.Namespace, settings: Settings) -> int:
+    fleet = open_fleet(args, settings)
+    hosts = [fleet.config.host(args.host)] if args.host else fleet.config.hosts
+    if args.format == "tfvars":
+        from pgcarve.tfvars import render_tfvars
+
+        if args.host is None and len(fleet.config.primary_hosts) != 1:
+            raise ConfigError("--format tfvars describes one host: name it with --host")
+        host = hosts[0] if args.host else fleet.config.primary_hosts[0]
+        # Plain stdout, not rich: the JSON has to reach the .tfvars.json file unchanged.
+        sys.stdout.write(render_tfvars(fleet, host.name, args.instances))
+        return 0
+    planner = fleet.placement.planner
+    documents = []
+    for host in hosts:
+        topology = fleet.topology(host.name)
+        plan = plan_host(topology, planner, args.instances)
+        if args.format == "json":
+            documents.append({"host": host.name, "role": host.role, **plan_to_dict(plan)})
+        else:
+            out.print(f"[bold]{host.name}[/bold] ({host.role}, {host.uri})")
+            out.print(explain(plan, topology, planner), highlight=False)
+    if args.format == "json":
+        out.print_json(data=documents)
+    return 0
+
+
+def cmd_load(args: argparse.Namespace, settings: Settings) -> int:
+    from pgcarve.postgres.pgbench import run_concurrently, setup_transactions
+
+    fleet = open_fleet(args, settings)
+    console.print(f"pgbench: insert-only, {args.clients} clients x {args.jobs} threads, {args.seconds} s "
+                  "on every primary at once")
+    window_start = time.time()  # before run_pgbench's CREATE TABLE, which the set-up count includes
+    primaries = [(inst.primary.name, inst.primary.endpoint) for inst in fleet.observe()
+                 if inst.primary and inst.primary.endpoint]
+    results = run_concurrently(primaries, fleet.credentials.admin_password, args.clients, args.jobs, args.seconds)
+    table = Table(title="pgbench insert into test(info) values (null)")
+    for column in ("instance", "TPS", "latency avg (ms)", "transactions", "failed"):
+        table.add_column(column, justify="right")
+    for r in results:
+        table.add_row(r.instance, f"{r.tps:,.1f}", f"{r.latency_avg_ms or 0:.2f}", str(r.transactions), str(r.failed))
+    table.add_row("[bold]total", f"[bold]{sum(r.tps for r in results):,.1f}", "",
+                  str(sum(r.transactions for r in results)), str(sum(r.failed for r in results)))
+    out.print(table)
+    if read_server(settings.paths) is not None:
+        client = ApiClient.for_settings(settings)
+        counted = client.transactions_during(window_start, max(r.finished_at for r in results))
+        pgbench_total = sum(r.transactions for r in results)
+        setup = sum(setup_transactions(args.clients) for _ in results)
+        if counted is not None:
+            # Totals over the same window, counted the same way: the API counts client
+            # transactions (autovacuum and pgcarve's own sessions left out), pgbench its own
+            # transactions; its connection set-up is client work the API sees and pgbench does not.
+            expected = pgbench_total + setup
+            diff = (counted - expected) / expected * 100 if expected else 0.0
+            out.print(f"API over the run: {counted:,} client transactions; pgbench: {pgbench_total:,} + {setup} "
+                      f"set-up (connections, PREPARE, CREATE TABLE) = {expected:,}; difference {diff:+.1f}% "
+                      f"(from {client.url}/v1/tps/history)")
+        else:
+            out.print(f"the API at {client.url} recorded no samples after the run; its collector may be stopped")
+        out.print(f"dashboard: {client.url}/")
+    if args.json:
+        Path(args.json).write_text(json.dumps([{k: v for k, v in r.__dict__.items() if k != "output"}
+                                               for r in results], indent=2))
+    return 0

@@ -1,0 +1,83 @@
+"""`pgcarve sandbox ...`: the private local hosts, and faults injected into them on purpose."""
+
+from __future__ import annotations
+
+import argparse
+
+from pgcarve.cli.display import console, out
+from pgcarve.config import load_fleet_config
+from pgcarve.control.fleet import Fleet
+from pgcarve.control.removal import remove_instance
+from pgcarve.errors import NotFound, PgcarveError
+from pgcarve.sandbox.faults import SandboxFaults
+from pgcarve.sandbox.hosts import Sandbox
+from pgcarve.settings import Settings
+
+
+def cmd_sandbox(args: argparse.Namespace, settings: Settings) -> int:
+    paths = settings.paths
+    sandbox = Sandbox(paths.sandbox_dir)
+    if args.action == "up":
+        config = sandbox.up(args.hosts, progress=lambda m: console.print(f"sandbox: {m}"))
+        for host in config.hosts:
+            out.print(f"{host.name}  {host.role:<8} {host.uri}")
+        out.print(f"hosts file: {paths.sandbox_hosts_file}")
+    elif args.action == "down":
+        if paths.sandbox_hosts_file.exists():
+            # Remove guests through libvirt first so their disks go too.
+            fleet = Fleet(load_fleet_config(paths.sandbox_hosts_file), paths)
+            try:
+                for inst in fleet.observe(with_endpoints=False):
+                    remove_instance(fleet, inst)
+            except PgcarveError as exc:
+                console.print(f"sandbox: could not remove instances cleanly ({exc}); stopping anyway")
+            fleet.close()
+        sandbox.down(progress=lambda m: console.print(f"sandbox: {m}"))
+        left = sandbox.leftovers()
+        if left:
+            console.print(f"[red]sandbox: left behind: {', '.join(left)}")
+            return 1
+        out.print("sandbox: down, nothing left behind")
+    else:
+        hosts = sandbox.hosts()
+        out.print(f"sandbox {'up' if sandbox.is_up() else 'down'}: {len(hosts)} host(s) in {sandbox.directory}")
+    return 0
+
+
+def cmd_kill_guest(args: argparse.Namespace, settings: Settings) -> int:
+    """kill -9 a guest's QEMU, as a crash would (the HA loop notices and repairs it)."""
+    paths = settings.paths
+    fleet = Fleet(load_fleet_config(paths.sandbox_hosts_file), paths)
+    try:
+        info = next((g for g in fleet.guests() if g.name == args.guest), None)
+        if info is None:
+            raise NotFound(f"no guest named {args.guest!r} in the sandbox (see `pgcarve status --local`)")
+        pid = SandboxFaults(Sandbox(paths.sandbox_dir)).kill_guest(info.host, info.name)
+    finally:
+        fleet.close()
+    out.print(f"killed QEMU of {info.name} on {info.host} (pid {pid}); watch GET /v1/incidents")
+    return 0
+
+
+def cmd_restart_libvirtd(args: argparse.Namespace, settings: Settings) -> int:
+    """Stop a sandbox host's libvirtd and start it again; its guests keep running."""
+    SandboxFaults(Sandbox(settings.paths.sandbox_dir)).restart_libvirtd(args.host)
+    out.print(f"libvirtd on {args.host} restarted; its guests kept running")
+    return 0
+
+
+def add_parsers(sub: argparse._SubParsersAction) -> None:
+    sandbox = sub.add_parser("sandbox", help="start/stop the private local libvirt hosts; inject faults into them")
+    sandbox_sub = sandbox.add_subparsers(dest="action", required=True)
+    up = sandbox_sub.add_parser("up", help="start N private hosts (network namespaces, each with its libvirtd)")
+    up.add_argument("--hosts", type=int, default=1, help="number of sandbox hosts (1-8)")
+    up.set_defaults(func=cmd_sandbox)
+    for name, text in (("down", "stop every guest, daemon and namespace of the sandbox, by PID"),
+                       ("status", "is the sandbox up, with how many hosts")):
+        sandbox_sub.add_parser(name, help=text).set_defaults(func=cmd_sandbox)
+    kill = sandbox_sub.add_parser("kill-guest", help="kill -9 a guest's QEMU process, as a crash would")
+    kill.add_argument("guest", help="guest name, e.g. pgc-01 or pgc-01-s1")
+    kill.set_defaults(func=cmd_kill_guest)
+    restart = sandbox_sub.add_parser("restart-libvirtd", help="restart a sandbox host's libvirtd under its guests")
+    restart.add_argument("host", help="sandbox host name, e.g. h0")
+    restart.set_defaults(func=cmd_restart_libvirtd)

@@ -1,0 +1,91 @@
+"""Commands around the API server: start/stop it, run it, and ask it to scale.
+
+The command line never imports the API package (which imports the manager): `serve` runs
+`python -m pgcarve_api` in its place, and `server start` starts that in the background.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import subprocess
+import sys
+import time
+
+from pgcarve.cli.client import ApiClient, ApiError, read_server
+from pgcarve.cli.display import console, out, progress_display
+from pgcarve.errors import PgcarveError
+from pgcarve.processes import stop_pid
+from pgcarve.settings import Settings
+
+
+def serve_command(args: argparse.Namespace) -> list[str]:
+    command = [sys.executable, "-m", "pgcarve_api", "--bind", args.bind, "--port", str(args.port)]
+    if args.hosts_file:
+        command += ["--hosts-file", args.hosts_file]
+    return command
+
+
+def cmd_serve(args: argparse.Namespace, _settings: Settings) -> int:
+    """Run the API server in this process's place (same PID, same environment)."""
+    command = serve_command(args)
+    os.execv(command[0], command)  # noqa: S606  (our own interpreter and arguments)
+    return 0  # not reached
+
+
+def cmd_server(args: argparse.Namespace, settings: Settings) -> int:
+    """Start the API server in the background (pid in server.json), or stop it by that pid."""
+    paths = settings.paths
+    server = read_server(paths)
+    if args.action == "stop":
+        if server is None:
+            out.print("server: not running")
+        else:
+            stop_pid(int(server["pid"]), timeout_s=20)
+            out.print(f"server: stopped (pid {server['pid']})")
+        paths.server_file.unlink(missing_ok=True)
+        return 0
+    if server is not None:
+        out.print(f"server: already running at {server['url']} (pid {server['pid']})")
+        return 0
+    log_path = paths.state_dir / "server.log"
+    paths.state_dir.mkdir(parents=True, exist_ok=True)
+    with log_path.open("ab") as log:
+        proc = subprocess.Popen(serve_command(args), stdin=subprocess.DEVNULL, stdout=log, stderr=log,
+                                start_new_session=True)
+    client = ApiClient(f"http://{args.bind}:{args.port}")
+    deadline = time.monotonic() + 60
+    while not client.healthy():
+        if proc.poll() is not None:
+            raise PgcarveError(f"the API server exited at start (code {proc.returncode}); see {log_path}")
+        if time.monotonic() > deadline:
+            raise PgcarveError(f"the API server did not answer on {client.url} within 60 s; see {log_path}")
+        time.sleep(0.2)
+    out.print(f"server: API and dashboard on {client.url}/ (pid {proc.pid}, log {log_path})")
+    out.print(f"server: API token in {paths.token_file} (send it as 'Authorization: Bearer <token>')")
+    return 0
+
+
+def cmd_scale(args: argparse.Namespace, settings: Settings) -> int:
+    client = ApiClient.for_settings(settings, args.url)
+    try:
+        op_id = client.put("/v1/scale", {"instances": args.instances})["operation"]
+    except ApiError as exc:
+        console.print(f"[red]scale refused ({exc.status}): {exc.detail}")
+        return 1
+    if args.no_wait:
+        out.print(f"operation {op_id} accepted")
+        return 0
+    with progress_display() as progress:
+        task = progress.add_task(f"scale to {args.instances}", total=1.0, step="pending")
+        while True:
+            op = client.get(f"/v1/operations/{op_id}")
+            progress.update(task, completed=op["progress"], step=op.get("message") or op["status"])
+            if op["status"] in ("succeeded", "failed"):
+                break
+            time.sleep(0.5)
+    if op["status"] == "failed":
+        console.print(f"[red]scale failed: {op['error']}")
+        return 1
+    out.print(f"scaled to {args.instances} instance(s)")
+    return 0

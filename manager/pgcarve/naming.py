@@ -1,0 +1,23 @@
+"""How pgcarve names things: instances, their guests, and what PostgreSQL calls a standby."""
+
+from __future__ import annotations
+
+
+def instance_name(fleet: str, index: int) -> str:
+    """Instance `index` of a fleet, which is also its first primary guest's name: pgc-01."""
+    return f"{fleet}-{index:02d}"
+
+
+def standby_name(fleet: str, index: int, standby: int) -> str:
+    """Standby guest number `standby` of an instance: pgc-01-s1."""
+    return f"{instance_name(fleet, index)}-s{standby}"
+
+
+def application_name(guest_name: str) -> str:
+    """The name a standby reports to its primary (an identifier usable in synchronous_standby_names)."""
+    return guest_name.replace("-", "_")
+
+
+def slot_name(standby_guest: str) -> str:
+    """The physical replication slot a standby streams through."""
+    return "pgcarve_" + application_name(standby_guest)

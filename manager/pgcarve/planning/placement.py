@@ -1,0 +1,101 @@
+"""Where instance i lives: its primary's host and CPU slot, its standbys' hosts and slots.
+
+One pure rule, used by the manager (control/provisioning), the Terraform variables (tfvars) and
+the benchmarks, so every path pins identically:
+
+* primary hosts are filled in hosts-file order: instance i goes to the first primary host whose
+  capacity the instances before it have not used up, and takes slot i - (capacity of the primary
+  hosts before it) there;
+* standby s (1-based) of instance i goes to standby host (i + s - 2) mod n: an instance's
+  standbys are on different hosts, never on its primary's host, and the synchronous role rotates
+  across the standby hosts; it takes slot i there;
+* the fleet holds as many instances as its primary hosts have slots, limited by each standby
+  host's slots when instances have standbys.
+
+Slots come from the planner (plan_host), which never moves an existing slot as the count grows.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from pgcarve.config import FleetConfig, HostConfig, InstanceSize
+from pgcarve.errors import CapacityError, ConfigError
+from pgcarve.planning.planner import HostPlan, InstanceSlot, PlannerConfig, capacity, plan_host
+from pgcarve.planning.topology import HostTopology
+
+
+def planner_config(size: InstanceSize) -> PlannerConfig:
+    """The planner's view of the hosts file's instance size."""
+    return PlannerConfig(vcpus_per_instance=size.vcpus, memory_mib_per_instance=size.memory_mib,
+                         housekeeping_cpus=size.housekeeping_cpus, hugepages=size.hugepages)
+
+
+@dataclass(frozen=True)
+class Placement:
+    """The placement rule over a fleet's hosts, given each host's topology."""
+
+    config: FleetConfig
+    topologies: Mapping[str, HostTopology]
+
+    @property
+    def planner(self) -> PlannerConfig:
+        return planner_config(self.config.instance)
+
+    def host_capacity(self, host: str) -> int:
+        """Instance slots on one host."""
+        return capacity(self.topologies[host], self.planner)
+
+    def capacity(self) -> int:
+        """Instances the fleet can hold: primary hosts' slots, limited by the standby hosts'."""
+        total = sum(self.host_capacity(h.name) for h in self.config.primary_hosts)
+        if self.config.replication.standbys:
+            total = min([total] + [self.host_capacity(h.name) for h in self.config.standby_hosts])
+        return total
+
+    def first_index(self, host: str) -> int:
+        """The fleet-wide index of a primary host's first instance."""
+        offset = 0
+        for other in self.config.primary_hosts:
+            if other.name == host:
+                return offset + 1
+            offset += self.host_capacity(other.name)
+        raise ConfigError(f"host {host} is not a primary host")
+
+    def hosts_for(self, index: int) -> tuple[HostConfig, list[HostConfig]]:
+        """Instance `index`'s primary host, and its standbys' hosts in standby order."""
+        remaining = index
+        primary_host = None
+        for host in self.config.primary_hosts:
+            cap = self.host_capacity(host.name)
+            if remaining <= cap:
+                primary_host = host
+                break
+            remaining -= cap
+        if primary_host is None or index < 1:
+            raise CapacityError(f"instance {index} exceeds the fleet's capacity of {self.capacity()} instances")
+        standby_hosts = self.config.standby_hosts
+        chosen = [standby_hosts[(index + s - 2) % len(standby_hosts)]
+                  for s in range(1, self.config.replication.standbys + 1)]
+        return primary_host, chosen
+
+    def slot(self, host: str, index: int) -> tuple[HostPlan, InstanceSlot]:
+        """The CPU slot instance `index` takes on `host` (stable across scaling)."""
+        if host in {h.name for h in self.config.primary_hosts}:
+            local = index - self.first_index(host) + 1
+        else:
+            local = index
+        plan = plan_host(self.topologies[host], self.planner, local)
+        return plan, plan.slots[local - 1]
+
+    def check(self, instances: int) -> None:
+        """Refuse (CapacityError/ConfigError, naming the limit) a count the hosts cannot hold."""
+        if instances < 0:
+            raise ConfigError(f"instance count must be >= 0, not {instances}")
+        cap = self.capacity()
+        if instances > cap:
+            # Let the planner word the limit for the first host that runs out.
+            for host in (*self.config.primary_hosts, *self.config.standby_hosts):
+                plan_host(self.topologies[host.name], self.planner, min(instances, 10**6))
+            raise CapacityError(f"the fleet has room for {cap} instances; {instances} requested")

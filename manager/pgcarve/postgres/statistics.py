@@ -1,0 +1,189 @@
+"""The statements the collector sends to each primary, and what their rows mean.
+
+One poll statement per round reads everything the collector needs in a single round trip:
+transaction counters (all databases, and the clients' databases only), pg_stat_statements calls
+(when the extension is loaded), replication rows, sessions waiting on a synchronous standby, and
+what autovacuum did in the polled database. Every statement is marked (/* pgcarve-collector */)
+and, on PostgreSQL 15+, forces its own statistics out when it ends (see control/collector.py).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from psycopg import sql
+
+from pgcarve.postgres.session import MANAGER_DATABASE
+
+# First PostgreSQL release with pg_stat_force_next_flush() (and shared-memory statistics).
+FORCE_FLUSH_VERSION = 150000
+
+
+@dataclass(frozen=True)
+class StandbyState:
+    """One row of pg_stat_replication on a primary, lags in seconds and bytes."""
+
+    application_name: str
+    client_addr: str | None
+    state: str | None
+    sync_state: str | None
+    write_lag_s: float | None
+    flush_lag_s: float | None
+    replay_lag_s: float | None
+    lag_bytes: int | None
+
+
+_MARKER = sql.SQL("/* pgcarve-collector */ ")
+_FORCE_FLUSH = sql.SQL(", pg_catalog.pg_stat_force_next_flush() IS NULL AS flushed")
+
+_CHECK = sql.SQL(
+    "SELECT (SELECT n.nspname FROM pg_catalog.pg_extension e"
+    " JOIN pg_catalog.pg_namespace n ON n.oid = e.extnamespace"
+    " WHERE e.extname = 'pg_stat_statements') AS pgss_schema,"
+    " 'pg_stat_statements' = ANY (pg_catalog.string_to_array(pg_catalog.replace("
+    "pg_catalog.current_setting('shared_preload_libraries'), ' ', ''), ',')) AS pgss_loaded"
+)
+
+# pg_stat_statements(false): the view reads every query text from disk; the counters do not.
+# Our own entry is the one whose queryid is that of the statement running in this backend.
+# Databases whose work is the clients': not templates (autovacuum's only), not pgcarve's own.
+_CLIENT_DATABASES = sql.SQL(
+    "(SELECT db.oid FROM pg_catalog.pg_database db WHERE NOT db.datistemplate AND db.datname <> {manager})"
+).format(manager=sql.Literal(MANAGER_DATABASE))
+_CALLS = sql.SQL(
+    "(SELECT pg_catalog.sum(s.calls) FROM {schema}.pg_stat_statements(false) s"
+    " WHERE s.queryid IS DISTINCT FROM (SELECT a.query_id"
+    " FROM pg_catalog.pg_stat_get_activity(pg_catalog.pg_backend_pid()) a))::bigint AS all_calls,"
+    " (SELECT pg_catalog.sum(s.calls) FROM {schema}.pg_stat_statements(false) s"
+    " WHERE s.dbid IN {client_databases} AND s.queryid IS DISTINCT FROM (SELECT a.query_id"
+    " FROM pg_catalog.pg_stat_get_activity(pg_catalog.pg_backend_pid()) a))::bigint AS client_calls"
+)
+_NO_CALLS = sql.SQL("NULL::bigint AS all_calls, NULL::bigint AS client_calls")
+
+# Lag bytes are measured against the current WAL position on a primary; a cascading standby
+# cannot call pg_current_wal_lsn(), so its walsenders are measured against its replay position
+# (and the instance's replay_lag_bytes gauge is NULL there, as on any server in recovery).
+_POLL = sql.SQL(
+    "WITH rep AS ("
+    "SELECT r.application_name, r.client_addr::text AS client_addr, r.state, r.sync_state,"
+    " extract(epoch FROM r.write_lag)::float8 AS write_lag_s,"
+    " extract(epoch FROM r.flush_lag)::float8 AS flush_lag_s,"
+    " extract(epoch FROM r.replay_lag)::float8 AS replay_lag_s,"
+    " pg_catalog.pg_wal_lsn_diff(CASE WHEN pg_catalog.pg_is_in_recovery()"
+    " THEN pg_catalog.pg_last_wal_replay_lsn() ELSE pg_catalog.pg_current_wal_lsn() END,"
+    " r.replay_lsn)::bigint AS lag_bytes"
+    " FROM pg_catalog.pg_stat_replication r) "
+    "SELECT (SELECT pg_catalog.sum(d.xact_commit + d.xact_rollback)"
+    " FROM pg_catalog.pg_stat_database d)::bigint AS all_xacts,"
+    " (SELECT pg_catalog.sum(d.xact_commit + d.xact_rollback) FROM pg_catalog.pg_stat_database d"
+    " WHERE d.datid IN {client_databases})::bigint AS client_xacts,"
+    " {calls},"
+    " CASE WHEN pg_catalog.pg_is_in_recovery() THEN NULL"
+    " ELSE (SELECT pg_catalog.max(rep.lag_bytes) FROM rep) END AS replay_lag_bytes,"
+    " (SELECT pg_catalog.json_agg(rep ORDER BY rep.application_name) FROM rep) AS standbys,"
+    " pg_catalog.pg_postmaster_start_time()::text AS epoch,"
+    # Sessions whose commit has waited over 3 s for a synchronous standby (a normal commit waits
+    # milliseconds): pg_stat_replication can still list a dead standby as "sync" until
+    # wal_sender_timeout; this cannot be fooled.
+    " (SELECT pg_catalog.count(*) FROM pg_catalog.pg_stat_activity a"
+    " WHERE a.wait_event = 'SyncRep' AND a.state_change < pg_catalog.now() - interval '3 seconds')::int"
+    " AS sync_waiting,"
+    # Autovacuum in this database (see the module docstring): operations so far, tables it
+    # finished since the previous poll's clock, and the workers in here now.
+    " (SELECT pg_catalog.sum(t.autovacuum_count + t.autoanalyze_count)"
+    " FROM pg_catalog.pg_stat_all_tables t)::bigint AS autovacuum_ops,"
+    " (SELECT pg_catalog.count(*) FROM pg_catalog.pg_stat_all_tables t"
+    " WHERE GREATEST(t.last_autovacuum, t.last_autoanalyze) > {since})::int AS autovacuum_tables,"
+    " (SELECT pg_catalog.array_agg(a.pid) FROM pg_catalog.pg_stat_activity a"
+    " WHERE a.backend_type = 'autovacuum worker'"
+    " AND a.datname = pg_catalog.current_database()) AS autovacuum_workers,"
+    " pg_catalog.now() AS server_now"
+)
+
+
+def _statement(body: sql.Composable, force_flush: bool) -> sql.Composed:
+    """Mark a collector statement and, where available, make its stats publish at once."""
+    parts: list[sql.Composable] = [_MARKER, body]
+    if force_flush:
+        parts.append(_FORCE_FLUSH)
+    return sql.Composed(parts)
+
+
+def check_statement(force_flush: bool) -> sql.Composed:
+    """Is pg_stat_statements installed (its schema) and loaded? One row: (schema, loaded)."""
+    return _statement(_CHECK, force_flush)
+
+
+def poll_statement(pgss_schema: str | None, force_flush: bool) -> sql.Composed:
+    """The poll; takes one parameter, ``since``: the previous poll's server clock (or None)."""
+    calls = (_CALLS.format(schema=sql.Identifier(pgss_schema), client_databases=_CLIENT_DATABASES)
+             if pgss_schema else _NO_CALLS)
+    return _statement(
+        _POLL.format(calls=calls, client_databases=_CLIENT_DATABASES,
+                     since=sql.SQL("{}::timestamptz").format(sql.Placeholder("since"))),
+        force_flush)
+
+
+@dataclass(frozen=True)
+class PollRow:
+    """One poll's answer. Counters are PostgreSQL's own, the collector's statements included."""
+
+    all_xacts: int  # xact_commit + xact_rollback, every database
+    client_xacts: int  # the same in the clients' databases (not templates, not pgcarve's own)
+    all_calls: int | None  # pg_stat_statements calls (None without the extension)
+    client_calls: int | None
+    replay_lag_bytes: int | None
+    standbys: tuple[StandbyState, ...]
+    epoch: str  # the postmaster's start time: another value means other counters
+    sync_waiting: int
+    autovacuum_ops: int  # autovacuum + autoanalyze counts of the polled database's tables
+    autovacuum_tables: int  # tables autovacuum finished since ``since``
+    autovacuum_workers: frozenset[int]  # autovacuum workers in the polled database now
+    server_now: Any  # the server's clock at this poll, passed back as the next ``since``
+
+    @classmethod
+    def parse(cls, row: tuple[Any, ...]) -> PollRow:
+        (all_xacts, client_xacts, all_calls, client_calls, lag_bytes, standbys, epoch, sync_waiting,
+         autovacuum_ops, autovacuum_tables, autovacuum_workers, server_now) = row[:12]
+        return cls(
+            all_xacts=int(all_xacts),
+            client_xacts=int(client_xacts or 0),
+            all_calls=_opt_int(all_calls),
+            client_calls=_opt_int(client_calls),
+            replay_lag_bytes=_opt_int(lag_bytes),
+            standbys=_standbys(standbys),
+            epoch=str(epoch),
+            sync_waiting=int(sync_waiting or 0),
+            autovacuum_ops=int(autovacuum_ops or 0),
+            autovacuum_tables=int(autovacuum_tables or 0),
+            autovacuum_workers=frozenset(autovacuum_workers or ()),
+            server_now=server_now,
+        )
+
+
+def _opt_float(value: Any) -> float | None:
+    return None if value is None else float(value)
+
+
+def _opt_int(value: Any) -> int | None:
+    return None if value is None else int(value)
+
+
+def _standbys(rows: Any) -> tuple[StandbyState, ...]:
+    """Parse the json_agg of pg_stat_replication rows (None when there are no standbys)."""
+    if not rows:
+        return ()
+    return tuple(
+        StandbyState(
+            application_name=str(r.get("application_name") or ""),
+            client_addr=r.get("client_addr"),
+            state=r.get("state"),
+            sync_state=r.get("sync_state"),
+            write_lag_s=_opt_float(r.get("write_lag_s")),
+            flush_lag_s=_opt_float(r.get("flush_lag_s")),
+            replay_lag_s=_opt_float(r.get("replay_lag_s")),
+            lag_bytes=_opt_int(r.get("lag_bytes")),
+        )
+        for r in rows
+    )
