@@ -9,6 +9,9 @@ from pydantic import BaseModel, ConfigDict, Field
 
 class Health(BaseModel):
     status: Literal["ok"] = "ok"
+    ha_loop: Literal["watching", "starting", "off"] = Field(
+        "off", description="watching: every host's lifecycle events are followed and the start-up sweep for faults "
+                           "missed while no manager ran is done; starting: not yet; off: PGCARVE_SUPERVISE=0")
 
 
 class HostOut(BaseModel):

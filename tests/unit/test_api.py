@@ -70,7 +70,7 @@ def api(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[tuple[TestC
 
 def test_reads(api: tuple[TestClient, ManagerService]) -> None:
     client, _ = api
-    assert client.get("/healthz").json() == {"status": "ok"}
+    assert client.get("/healthz").json() == {"status": "ok", "ha_loop": "off"}  # supervise=False here
     hosts = client.get("/v1/hosts").json()
     assert hosts[0]["name"] == "h1" and hosts[0]["instances"] == 3 and hosts[0]["cpus"] > 0
     names = [i["name"] for i in client.get("/v1/instances").json()]
