@@ -20,8 +20,8 @@ import pytest
 from pgcarve.control.service import ManagerService
 
 from tests.browser.conftest import CHROMIUM, OUTPUT
-from tests.utils.fakes import FakeSupervisor
-from tests.utils.live_api import LiveApi, instance_names, serve_live_api
+from tests.support.fakes import FakeSupervisor
+from tests.support.live_api import LiveApi, instance_names, serve_live_api
 
 pytestmark = pytest.mark.browser
 

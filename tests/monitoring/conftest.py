@@ -1,5 +1,5 @@
 """Fixtures for the monitoring tests: a live API on libvirt's test driver whose collector and
-supervisor are fakes the test controls (tests/utils/fakes.py), and promtool."""
+supervisor are fakes the test controls (tests/support/fakes.py), and promtool."""
 
 from __future__ import annotations
 
@@ -13,9 +13,9 @@ import httpx
 import pytest
 from pgcarve.control.service import ManagerService
 
-from tests.utils.fakes import FakeCollector, FakeSupervisor, standby
-from tests.utils.live_api import LiveApi, instance_names, serve_live_api
-from tests.utils.prometheus import tool
+from tests.support.fakes import FakeCollector, FakeSupervisor, standby
+from tests.support.live_api import LiveApi, instance_names, serve_live_api
+from tests.support.prometheus import tool
 
 INSTANCES = instance_names(3)
 

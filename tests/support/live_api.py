@@ -6,7 +6,7 @@ No guest boots: each instance is a running domain carrying pgcarve metadata on t
 straight into the service's RateTracker with growing counters, once a second. The service never
 polls PostgreSQL (collect=False): the test driver hands out addresses of a real private range
 (192.168.122.x), and nothing may connect there. Tests that need the collector's facts (commits
-waiting, standbys, poll errors) install a FakeCollector (tests/utils/fakes.py) instead.
+waiting, standbys, poll errors) install a FakeCollector (tests/support/fakes.py) instead.
 """
 
 from __future__ import annotations
