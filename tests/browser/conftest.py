@@ -38,9 +38,7 @@ def browser() -> Iterator[Any]:
 
 
 @pytest.fixture
-def live_api(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[LiveApi]:
+def live_api(tmp_path: Path) -> Iterator[LiveApi]:
     # No guest image on purpose: a scale-up is accepted, then fails fast with ImageMissing.
-    monkeypatch.setenv("PGCARVE_IMAGE_DIR", str(tmp_path / "no-image"))
-    monkeypatch.delenv("PGCARVE_HOSTS_FILE", raising=False)
     with serve_live_api(tmp_path / "state") as api:
         yield api

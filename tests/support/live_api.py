@@ -22,24 +22,17 @@ from pathlib import Path
 
 import libvirt
 import uvicorn
-from pgcarve.config import FleetConfig
 from pgcarve.control.collector import Target
 from pgcarve.control.rates import Sample
 from pgcarve.control.service import ManagerService
-from pgcarve.settings import Paths
-from pgcarve.virt.domain_xml import DomainSpec, InstanceMetadata, Nic, mac_for
-from pgcarve_api.main import create_app
-from pgcarve_api.settings import Settings
 
-TEST_URI = "test:///default"
+from tests.support.api import app_for, service_on_test_driver
+from tests.support.domains import TEST_URI, instance_names
+
 TOKEN = "test-token"
-INSTANCES = ("pgc-01", "pgc-02")
 # Roughly what each instance does (TPS); QPS is a multiple of it. Enough for "K" headlines.
 BASE_TPS = {"pgc-01": 9000.0, "pgc-02": 3500.0}
 QUERIES_PER_XACT = {"pgc-01": 6.0, "pgc-02": 2.0}
-# test:///default lists 16 CPUs, but its node CPU map (and so vcpuPinInfo) only covers 0-7;
-# CPU 0 is left to emulator threads.
-PINNABLE_CPUS = tuple(range(1, 8))
 
 
 @dataclass
@@ -54,51 +47,6 @@ class LiveApi:
 
     def domain(self, name: str) -> libvirt.virDomain:
         return self.conn.lookupByName(name)
-
-
-def instance_names(count: int) -> tuple[str, ...]:
-    return tuple(f"pgc-{index:02d}" for index in range(1, count + 1))
-
-
-def define_instances(conn: libvirt.virConnect, service: ManagerService, names: Sequence[str]) -> list[str]:
-    """Define and start one primary per instance, with pgcarve's metadata, on NUMA node 0.
-
-    Instance i gets the next `vcpus` CPUs of PINNABLE_CPUS, wrapping round: not where the
-    planner would put it (the driver has too few pinnable CPUs), but pinned as a real one is.
-    """
-    vcpus = service.config.instance.vcpus
-    plan, _slot = service.fleet.placement.slot("h1", 1)
-    defined = []
-    for index, name in enumerate(names, start=1):
-        first = vcpus * (index - 1)
-        pins = tuple(PINNABLE_CPUS[(first + k) % len(PINNABLE_CPUS)] for k in range(vcpus))
-        spec = DomainSpec(
-            name=name,
-            domain_type="qemu",
-            metadata=InstanceMetadata(fleet="pgc", cluster=name, role="primary", index=index),
-            memory_mib=service.config.instance.memory_mib,
-            vcpu_pins=pins,
-            emulator_cpus=tuple(c for c in plan.emulator_cpus if c < 8) or (0,),
-            numa_node=0,
-            kernel="/nonexistent/vmlinuz",
-            initrd="/nonexistent/initrd.img",
-            disks=(),
-            nics=(Nic("default", mac_for("pgc", name)),),
-        )
-        conn.defineXML(spec.to_xml()).create()
-        defined.append(name)
-    return defined
-
-
-def remove_instances(conn: libvirt.virConnect, names: Sequence[str]) -> None:
-    for name in names:
-        try:
-            dom = conn.lookupByName(name)
-            if dom.isActive():
-                dom.destroy()
-            dom.undefine()
-        except libvirt.libvirtError:
-            pass
 
 
 class Feeder:
@@ -153,71 +101,49 @@ class Feeder:
         self.thread.join(5)
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 @contextlib.contextmanager
-def serve_live_api(state_dir: Path, names: Sequence[str] = INSTANCES, *, vcpus: int = 2, memory_mib: int = 1024,
+def serve_live_api(state_dir: Path, instances: int = 2, *, vcpus: int = 2, memory_mib: int = 1024,
                    prepare: Callable[[ManagerService], None] | None = None,
                    tps: Callable[[str, int, float], float] | None = None) -> Iterator[LiveApi]:
-    """The app and a ManagerService on test:///default with `names` running, on a free loopback
-    port. `prepare` runs before the app starts (e.g. to install fakes on the service); `tps`
-    gives instance i's TPS at a moment (default: Feeder.varying_tps).
-
-    The caller sets PGCARVE_IMAGE_DIR to a directory without an image, so a scale-up is accepted
+    """The app and a ManagerService on test:///default (tests/support/api.py) with instances
+    pgc-01..pgc-<instances> running, served on a free loopback port. `prepare` runs before the app
+    starts (e.g. to install fakes on the service); `tps` gives instance i's TPS at a moment
+    (default: Feeder.varying_tps). The state directory has no guest image: a scale-up is accepted
     and then fails fast with ImageMissing.
     """
-    config = FleetConfig.model_validate({
-        "hosts": [{"name": "h1", "uri": TEST_URI, "role": "primary"}],
-        "instance": {"vcpus": vcpus, "memory_mib": memory_mib},
-        "replication": {"standbys": 0},
-    })
-    # Keep one connection open for the whole test: test:///default's state is shared by every
-    # connection of this process and is reset when the last one closes.
-    conn = libvirt.open(TEST_URI)
-    # Whatever an earlier test of this process left on the shared driver (a connection still
-    # open keeps its domains) would be taken for part of this fleet.
-    remove_instances(conn, [dom.name() for dom in conn.listAllDomains()])
-    service = ManagerService(config, Paths(state_dir), collect=False, refresh_s=0.2, supervise=False)
-    defined: list[str] = []
     server: uvicorn.Server | None = None
     thread: threading.Thread | None = None
     feeder: Feeder | None = None
-    try:
-        defined = define_instances(conn, service, names)
-        service.start()
-        if prepare is not None:
-            prepare(service)
-        app = create_app(Settings(state_dir=state_dir, token=TOKEN), service=service)
-        sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
-        server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning",
-                                               lifespan="on", timeout_graceful_shutdown=2))
-        thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, name="uvicorn", daemon=True)
-        thread.start()
-        deadline = time.monotonic() + 10
-        while not server.started:
-            if time.monotonic() > deadline or not thread.is_alive():
-                raise RuntimeError("the API server did not start within 10 s")
-            time.sleep(0.05)
-        # After the app started: its /metrics exporter has subscribed to the collector's samples.
-        feeder = Feeder(service, defined, tps=tps)
-        feeder.start()
-        yield LiveApi(base_url=f"http://127.0.0.1:{port}", token=TOKEN, service=service,
-                      instances=tuple(defined), capacity=service.fleet.placement.capacity(), conn=conn, feeder=feeder)
-    finally:
-        if server is not None:
-            server.should_exit = True
-        if thread is not None:
-            thread.join(10)
-        if feeder is not None:
-            feeder.close()
-        service.wait_idle(10)
-        service.stop()
-        remove_instances(conn, defined)
-        conn.close()
+    with service_on_test_driver(state_dir, instances, vcpus=vcpus, memory_mib=memory_mib) as service:
+        conn = libvirt.open(TEST_URI)  # the tests' own handle on the domains (e.g. to stop one)
+        try:
+            if prepare is not None:
+                prepare(service)
+            app = app_for(service, token=TOKEN)
+            sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            sock.bind(("127.0.0.1", 0))
+            port = sock.getsockname()[1]
+            server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning",
+                                                   lifespan="on", timeout_graceful_shutdown=2))
+            thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, name="uvicorn", daemon=True)
+            thread.start()
+            deadline = time.monotonic() + 10
+            while not server.started:
+                if time.monotonic() > deadline or not thread.is_alive():
+                    raise RuntimeError("the API server did not start within 10 s")
+                time.sleep(0.05)
+            # After the app started: its /metrics exporter has subscribed to the collector's samples.
+            names = instance_names(instances)
+            feeder = Feeder(service, names, tps=tps)
+            feeder.start()
+            yield LiveApi(base_url=f"http://127.0.0.1:{port}", token=TOKEN, service=service, instances=names,
+                          capacity=service.fleet.placement.capacity(), conn=conn, feeder=feeder)
+        finally:
+            if server is not None:
+                server.should_exit = True
+            if thread is not None:
+                thread.join(10)
+            if feeder is not None:
+                feeder.close()
+            conn.close()
