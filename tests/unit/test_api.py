@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 from fastapi.testclient import TestClient
+from pgcarve.control.operations import Operation
 from pgcarve.control.scaler import plan_scale
 from pgcarve.control.service import ManagerService
 
@@ -121,16 +122,29 @@ def test_concurrent_scales_are_serialized_and_the_last_wins(api: tuple[TestClien
     for t in threads:
         t.join()
     assert service.wait_idle(60)
-    _seq, last_id, last_target = max(accepted)
-    last = service.operations.get(last_id)
-    assert last is not None and "superseded" not in (last.error or ""), "the last accepted request must run"
-    if last.status == "succeeded":
-        assert len(client.get("/v1/instances").json()) == last_target
-    else:  # a scale-up: impossible on the test driver (no guest image), and it says so
-        assert "no guest image" in (last.error or "")
     ops = service.operations.all()
-    assert len(ops) == 20 and all(op.status in ("succeeded", "failed") for op in ops)
-    assert sum(1 for op in ops if op.status == "succeeded") >= 1
+    assert len(ops) == 20
+    ran = sorted((op for op in ops if op.started_at is not None), key=lambda op: op.started_at or 0.0)
+    assert ran and ran[-1].id == max(accepted)[1], "the last accepted request must run"
+    assert ran == sorted(ran, key=lambda op: op.seq), "a newer request ran before an older one"
+    for op in ops:
+        if op.started_at is None:
+            assert op.status == "failed" and "superseded" in (op.error or ""), op
+    # Which way each operation that ran had to end follows from the count before it: a scale-down
+    # (or no change) succeeds; a scale-up fails, as nothing can be created without a guest image,
+    # and removes nothing.
+    count = 3
+    for op in ran:
+        assert_scale_outcome(op, count)
+        count = op.target if op.target <= count else count
+    assert len(client.get("/v1/instances").json()) == count
+
+
+def assert_scale_outcome(op: Operation, before: int) -> None:
+    if op.target <= before:
+        assert op.status == "succeeded", op
+    else:
+        assert op.status == "failed" and "no guest image" in (op.error or ""), op
 
 
 def test_plan_scale() -> None:
