@@ -12,10 +12,14 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+from pgcarve.control.fleet import Fleet
+from pgcarve.errors import ConfigError
 from pgcarve.planning.topology import parse_capabilities
+from pgcarve.settings import Paths
 
 from bench import control_plane, experiment, harness, simulated_hosts, summary
-from tests.support.testdriver import OVERLAY_GIB
+from tests.support.testdriver import OVERLAY_GIB, TestDriverHost
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -63,6 +67,15 @@ def test_command_line_writes_into_out(tmp_path: Path) -> None:
     doc = json.loads((out / "control-plane.json").read_text())
     assert doc["size"] == "smoke" and doc["verify"]["ok"] and "scaler_path" not in doc
     assert not (tmp_path / "state").exists(), "the control plane needs no state directory"
+
+
+def test_stand_in_hosts_must_be_the_configured_ones(tmp_path: Path) -> None:
+    """Fleet(hosts=...) takes exactly the hosts of its config: a stand-in cannot drop or add one."""
+    config = simulated_hosts.testdriver_config(2, "test:///default")
+    hosts = {h.name: TestDriverHost(h.name, h.uri, simulated_hosts.capabilities_xml()) for h in config.hosts}
+    assert set(Fleet(config, Paths(tmp_path), hosts=hosts).hosts) == {"db1", "db2"}
+    with pytest.raises(ConfigError, match="not the configured hosts"):
+        Fleet(config, Paths(tmp_path), hosts={"db1": hosts["db1"]})
 
 
 def test_fixtures_match_generators() -> None:
