@@ -13,7 +13,7 @@ Two measurements, printed as one JSON document on stdout (progress goes to stder
 Every server is stopped by its postmaster PID on the way out, whatever happens. Run as root or
 as a user that may run PostgreSQL (as root the servers run as the ``postgres`` user).
 
-    PYTHONPATH=manager .venv/bin/python bench/collector_bench.py --mode both
+    .venv/bin/python -m bench.collector_bench --mode both
 """
 
 from __future__ import annotations
@@ -25,40 +25,27 @@ import os
 import re
 import shutil
 import signal
-import socket
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import psycopg
-
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "manager"))
-
 from pgcarve.control.collector import Collector, Target
 from pgcarve.control.rates import RateTracker, Snapshot
+from pgcarve.postgres.pgbench import INSERT_SCRIPT
 
-PG_BIN = Path("/usr/lib/postgresql/15/bin")
-PGBENCH = shutil.which("pgbench") or str(PG_BIN / "pgbench")
-INSERT_SCRIPT = "insert into test(info) values (null);\n"
-# Throwaway servers: durability off and no autovacuum, so A/B runs differ only by the collector.
-SERVER_SETTINGS = (
-    "listen_addresses=127.0.0.1",
-    "unix_socket_directories=",
-    "shared_preload_libraries=pg_stat_statements",
-    "shared_buffers=16MB",
-    "max_connections=10",
-    "fsync=off",
-    "synchronous_commit=off",
-    "full_page_writes=off",
-    "autovacuum=off",
-)
+from tests.support import localpg
+from tests.support.localpg import LocalServer
+
+PGBENCH = shutil.which("pgbench") or str(localpg.PG_BIN / "pgbench")
+# On top of localpg.BASE_SETTINGS (durability and autovacuum off, so A/B runs differ only by the
+# collector): a small server.
+SERVER_SETTINGS = ("max_connections=10",)
 # Budget per idle server (16MB shared buffers, wal buffers, ~7 processes) for the memory check.
 EST_MB_PER_SERVER = 64
 
@@ -68,109 +55,12 @@ def log(msg: str) -> None:
     print(f"[collector_bench] {msg}", file=sys.stderr, flush=True)
 
 
-def _as_postgres() -> dict[str, Any]:
-    """initdb and postgres refuse to run as root: drop to the postgres user when we are root."""
-    if os.geteuid() != 0:
-        return {}
-    return {"user": "postgres", "group": "postgres", "extra_groups": []}
-
-
 def _mem_available_mb() -> float:
     with open("/proc/meminfo") as f:
         for line in f:
             if line.startswith("MemAvailable:"):
                 return int(line.split()[1]) / 1024
     raise RuntimeError("no MemAvailable in /proc/meminfo")
-
-
-def _free_ports(count: int) -> list[int]:
-    """Ports free right now on 127.0.0.1 (all held open together so they are distinct)."""
-    socks = []
-    try:
-        for _ in range(count):
-            sock = socket.socket()
-            sock.bind(("127.0.0.1", 0))
-            socks.append(sock)
-        return [s.getsockname()[1] for s in socks]
-    finally:
-        for s in socks:
-            s.close()
-
-
-@dataclass
-class Server:
-    """One postmaster started by this script."""
-
-    name: str
-    datadir: Path
-    port: int
-    proc: subprocess.Popen[bytes] | None = None
-
-    @property
-    def dsn(self) -> str:
-        return f"host=127.0.0.1 port={self.port} user=postgres dbname=postgres connect_timeout=5"
-
-    def start(self) -> None:
-        args = [str(PG_BIN / "postgres"), "-D", str(self.datadir), "-p", str(self.port)]
-        for setting in SERVER_SETTINGS:
-            args += ["-c", setting]
-        with open(self.datadir.parent / f"{self.name}.log", "ab") as logf:
-            self.proc = subprocess.Popen(args, stdout=logf, stderr=subprocess.STDOUT, **_as_postgres())
-
-    def wait_ready(self, deadline: float) -> None:
-        while True:
-            assert self.proc is not None
-            if self.proc.poll() is not None:
-                tail = (self.datadir.parent / f"{self.name}.log").read_text(errors="replace")[-2000:]
-                raise RuntimeError(f"postgres {self.name} exited: {tail}")
-            try:
-                with psycopg.connect(self.dsn, autocommit=True) as conn:
-                    conn.execute("select 1")
-                    return
-            except psycopg.OperationalError:
-                if time.monotonic() > deadline:
-                    raise
-                time.sleep(0.05)
-
-    def signal_stop(self) -> None:
-        """Ask for a fast shutdown by postmaster PID (SIGINT)."""
-        if self.proc is not None and self.proc.poll() is None:
-            os.kill(self.proc.pid, signal.SIGINT)
-
-    def wait_stopped(self) -> None:
-        proc, self.proc = self.proc, None
-        if proc is None:
-            return
-        for sig, wait in ((None, 30.0), (signal.SIGQUIT, 5.0), (signal.SIGKILL, 5.0)):
-            if sig is not None and proc.poll() is None:
-                os.kill(proc.pid, sig)
-            try:
-                proc.wait(wait)
-                return
-            except subprocess.TimeoutExpired:
-                continue
-
-    def process_pids(self) -> list[int]:
-        """The postmaster and all its children."""
-        if self.proc is None:
-            return []
-        children = Path(f"/proc/{self.proc.pid}/task/{self.proc.pid}/children").read_text().split()
-        return [self.proc.pid, *(int(pid) for pid in children)]
-
-    def backend_pids(self) -> list[int]:
-        """Client backends of this postmaster (its children titled with a 127.0.0.1 peer)."""
-        if self.proc is None:
-            return []
-        pids = []
-        children = Path(f"/proc/{self.proc.pid}/task/{self.proc.pid}/children").read_text().split()
-        for pid in children:
-            try:
-                title = Path(f"/proc/{pid}/cmdline").read_bytes()
-            except OSError:
-                continue
-            if b"127.0.0.1(" in title:
-                pids.append(int(pid))
-        return pids
 
 
 def _cpu_seconds(pids: list[int]) -> float:
@@ -200,39 +90,29 @@ def _pss_mb(pids: list[int]) -> float:
     return total_kb / 1024
 
 
-def _run_pg(*args: str) -> None:
-    subprocess.run(args, check=True, capture_output=True, **_as_postgres())
-
-
 @contextmanager
-def servers(count: int, base: Path) -> Iterator[list[Server]]:
+def servers(count: int, base: Path) -> Iterator[list[LocalServer]]:
     """Start ``count`` servers cloned from one template cluster; stop them all on exit."""
-    started: list[Server] = []
+    started: list[LocalServer] = []
     try:
-        template = Server("template", base / "template", _free_ports(1)[0])
-        _run_pg(
-            str(PG_BIN / "initdb"), "-D", str(template.datadir), "-A", "trust", "-U", "postgres",
-            "-N", "-E", "UTF8", "--locale=C.UTF-8",
-        )  # fmt: skip
+        template = LocalServer("template", base / "template", localpg.free_ports(1)[0])
+        localpg.initdb(template.datadir)
         started.append(template)
-        template.start()
-        template.wait_ready(time.monotonic() + 60)
+        template.start(*SERVER_SETTINGS)
+        template.wait_ready(60)
         with psycopg.connect(template.dsn, autocommit=True) as conn:
             conn.execute("create extension pg_stat_statements")
-            conn.execute("create table test(id serial primary key, info text, crt_time timestamp)")
-        template.signal_stop()
-        template.wait_stopped()
+            conn.execute(localpg.EXPERIMENT_TABLE)
+        template.stop()
         started.clear()
-        ports = _free_ports(count)
-        for i, port in enumerate(ports):
-            srv = Server(f"pg{i:03d}", base / f"pg{i:03d}", port)
-            # A copy of a cleanly stopped cluster is a new cluster: much cheaper than initdb.
-            _run_pg("cp", "-a", str(template.datadir), str(srv.datadir))
+        for i, port in enumerate(localpg.free_ports(count)):
+            srv = LocalServer(f"pg{i:03d}", base / f"pg{i:03d}", port)
+            localpg.clone(template.datadir, srv.datadir)
             started.append(srv)
-            srv.start()
+            srv.start(*SERVER_SETTINGS)
         deadline = time.monotonic() + 120
         for srv in started:
-            srv.wait_ready(deadline)
+            srv.wait_ready(max(1.0, deadline - time.monotonic()))
         yield started
     finally:
         for srv in started:
@@ -262,7 +142,7 @@ def _percentile(values: list[float], q: float) -> float:
     return ordered[rank - 1]
 
 
-async def measure_poll(srvs: list[Server], seconds: float) -> dict[str, Any]:
+async def measure_poll(srvs: list[LocalServer], seconds: float) -> dict[str, Any]:
     targets = [Target(s.name, f"127.0.0.1:{s.port}", s.dsn) for s in srvs]
     col = TimedCollector(lambda: targets, RateTracker(), interval_s=1.0)
     try:
@@ -307,7 +187,7 @@ async def measure_poll(srvs: list[Server], seconds: float) -> dict[str, Any]:
     }
 
 
-async def _pgbench(srv: Server, script: Path, seconds: int) -> tuple[int, float]:
+async def _pgbench(srv: LocalServer, script: Path, seconds: int) -> tuple[int, float]:
     """Run pgbench; (transactions processed, tps without initial connection time)."""
     proc = await asyncio.create_subprocess_exec(
         PGBENCH, "-h", "127.0.0.1", "-p", str(srv.port), "-U", "postgres", "-M", "prepared", "-n",
@@ -325,7 +205,7 @@ async def _pgbench(srv: Server, script: Path, seconds: int) -> tuple[int, float]
     return int(count.group(1)), float(tps.group(1))
 
 
-async def _pgbench_polled(collector: Collector, srv: Server, script: Path, seconds: int) -> tuple[float, float]:
+async def _pgbench_polled(collector: Collector, srv: LocalServer, script: Path, seconds: int) -> tuple[float, float]:
     """pgbench while ``collector`` polls at 1 Hz; (pgbench tps, collector tps over the run).
 
     The collector's figure is the integral of its rate for ``srv`` from a baseline poll before
@@ -350,7 +230,8 @@ async def _pgbench_polled(collector: Collector, srv: Server, script: Path, secon
     return tps, counted / (count / tps)
 
 
-async def measure_cost(srvs: list[Server], script: Path, seconds: int, rounds: int, poll_all: bool) -> dict[str, Any]:
+async def measure_cost(srvs: list[LocalServer], script: Path, seconds: int, rounds: int,
+                       poll_all: bool) -> dict[str, Any]:
     bench_srv = srvs[0]
     polled = srvs if poll_all else [bench_srv]
     targets = [Target(s.name, f"127.0.0.1:{s.port}", s.dsn) for s in polled]
@@ -409,8 +290,8 @@ def main() -> int:
     args = parser.parse_args()
     if args.instances < 1:
         parser.error("--instances must be at least 1")
-    if not (PG_BIN / "postgres").exists():
-        parser.error(f"PostgreSQL 15 binaries not found in {PG_BIN}")
+    if not localpg.available():
+        parser.error(f"PostgreSQL 15 binaries not found in {localpg.PG_BIN}")
 
     available = _mem_available_mb()
     need = args.instances * EST_MB_PER_SERVER
@@ -425,11 +306,10 @@ def main() -> int:
     result: dict[str, Any] = {
         "host_cpus": os.cpu_count(),
         "loadavg_1m_before": round(os.getloadavg()[0], 2),
-        "server_settings": list(SERVER_SETTINGS),
+        "server_settings": [*localpg.BASE_SETTINGS, *SERVER_SETTINGS],
     }
     try:
-        if os.geteuid() == 0:
-            shutil.chown(base, "postgres", "postgres")
+        localpg.prepare_base(base)
         script = base / "insert.sql"
         script.write_text(INSERT_SCRIPT)
         script.chmod(0o644)

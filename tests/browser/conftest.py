@@ -1,5 +1,5 @@
 """Browser tests' fixtures: Debian's Chromium driven by Playwright, and a live pgcarve API (the real
-app and ManagerService on libvirt's test driver, tests/utils/live_api.py) with two instances and
+app and ManagerService on libvirt's test driver, tests/support/live_api.py) with two instances and
 throughput fed once a second. Screenshots go to tests/output/."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from tests.utils.live_api import LiveApi, serve_live_api
+from tests.support.live_api import LiveApi, serve_live_api
 
 CHROMIUM = Path("/usr/bin/chromium")
 STATIC = Path(__file__).resolve().parents[2] / "api" / "pgcarve_api" / "static"
@@ -38,9 +38,7 @@ def browser() -> Iterator[Any]:
 
 
 @pytest.fixture
-def live_api(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[LiveApi]:
+def live_api(tmp_path: Path) -> Iterator[LiveApi]:
     # No guest image on purpose: a scale-up is accepted, then fails fast with ImageMissing.
-    monkeypatch.setenv("PGCARVE_IMAGE_DIR", str(tmp_path / "no-image"))
-    monkeypatch.delenv("PGCARVE_HOSTS_FILE", raising=False)
     with serve_live_api(tmp_path / "state") as api:
         yield api

@@ -20,8 +20,9 @@ import pytest
 from pgcarve.control.service import ManagerService
 
 from tests.browser.conftest import CHROMIUM, OUTPUT
-from tests.utils.fakes import FakeSupervisor
-from tests.utils.live_api import LiveApi, instance_names, serve_live_api
+from tests.support.domains import instance_names
+from tests.support.fakes import FakeSupervisor
+from tests.support.live_api import LiveApi, serve_live_api
 
 pytestmark = pytest.mark.browser
 
@@ -43,15 +44,13 @@ def steady_tps(_name: str, i: int, now: float) -> float:
 
 
 @pytest.fixture
-def many(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[tuple[LiveApi, FakeSupervisor]]:
-    monkeypatch.setenv("PGCARVE_IMAGE_DIR", str(tmp_path / "no-image"))
-    monkeypatch.delenv("PGCARVE_HOSTS_FILE", raising=False)
+def many(tmp_path: Path) -> Iterator[tuple[LiveApi, FakeSupervisor]]:
     supervisor = FakeSupervisor(["h1"])
 
     def install(service: ManagerService) -> None:
         service.supervisor = supervisor  # type: ignore[assignment]
 
-    with serve_live_api(tmp_path / "state", NAMES, vcpus=1, memory_mib=256, prepare=install, tps=steady_tps) as api:
+    with serve_live_api(tmp_path / "state", MANY, vcpus=1, memory_mib=256, prepare=install, tps=steady_tps) as api:
         yield api, supervisor
 
 

@@ -9,12 +9,8 @@ from __future__ import annotations
 
 import asyncio
 import itertools
-import os
 import re
 import shutil
-import signal
-import socket
-import subprocess
 import tempfile
 import time
 from collections.abc import Iterator
@@ -30,141 +26,60 @@ from pgcarve.postgres.session import MANAGER_DATABASE
 from pgcarve.postgres.statistics import StandbyState
 from psycopg import sql
 
+from tests.support import localpg
+from tests.support.localpg import LocalServer
+
 pytestmark = pytest.mark.localpg
 
-PG_BIN = Path("/usr/lib/postgresql/15/bin")
-PGBENCH = shutil.which("pgbench") or str(PG_BIN / "pgbench")
+PGBENCH = shutil.which("pgbench") or str(localpg.PG_BIN / "pgbench")
 PGBENCH_SECONDS = 5
 AUTOVACUUM_NAPTIME_S = 4
+SETTINGS = ("max_connections=20",)  # on top of localpg.BASE_SETTINGS
 INSERT_SCRIPT = "insert into test(info) values (null);\n"
 
-if not (PG_BIN / "postgres").exists():  # pragma: no cover - depends on the machine
-    pytest.skip("PostgreSQL 15 server binaries are not installed", allow_module_level=True)
-
-
-def _as_postgres() -> dict[str, Any]:
-    """initdb and postgres refuse to run as root: drop to the postgres user when we are root."""
-    if os.geteuid() != 0:
-        return {}
-    return {"user": "postgres", "group": "postgres", "extra_groups": []}
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
-
-
-@dataclass
-class Server:
-    """One postmaster started by this module."""
-
-    name: str
-    datadir: Path
-    port: int
-    proc: subprocess.Popen[bytes] | None = None
-
-    @property
-    def dsn(self) -> str:
-        return f"host=127.0.0.1 port={self.port} user=postgres dbname=postgres connect_timeout=5"
-
-    def start(self, *settings: str) -> None:
-        args = [str(PG_BIN / "postgres"), "-D", str(self.datadir), "-p", str(self.port)]
-        for setting in (
-            "listen_addresses=127.0.0.1",
-            "unix_socket_directories=",
-            "shared_preload_libraries=pg_stat_statements",
-            "fsync=off",
-            "synchronous_commit=off",
-            "full_page_writes=off",
-            "autovacuum=off",
-            "shared_buffers=16MB",
-            "max_connections=20",
-            *settings,
-        ):
-            args += ["-c", setting]
-        with open(self.datadir.parent / f"{self.name}.log", "ab") as logf:
-            self.proc = subprocess.Popen(args, stdout=logf, stderr=subprocess.STDOUT, **_as_postgres())
-
-    def wait_ready(self, timeout: float = 30.0) -> None:
-        deadline = time.monotonic() + timeout
-        while True:
-            assert self.proc is not None
-            if self.proc.poll() is not None:
-                log = (self.datadir.parent / f"{self.name}.log").read_text(errors="replace")
-                raise RuntimeError(f"postgres {self.name} exited: {log[-2000:]}")
-            try:
-                with psycopg.connect(self.dsn, autocommit=True) as conn:
-                    conn.execute("select 1")
-                    return
-            except psycopg.OperationalError:
-                if time.monotonic() > deadline:
-                    raise
-                time.sleep(0.05)
-
-    def stop(self) -> None:
-        """Fast shutdown by postmaster PID; immediate, then SIGKILL if it hangs."""
-        proc, self.proc = self.proc, None
-        if proc is None or proc.poll() is not None:
-            return
-        for sig, wait in ((signal.SIGINT, 20.0), (signal.SIGQUIT, 5.0), (signal.SIGKILL, 5.0)):
-            os.kill(proc.pid, sig)
-            try:
-                proc.wait(wait)
-                return
-            except subprocess.TimeoutExpired:
-                continue
+if not localpg.available():  # pragma: no cover - depends on the machine
+    pytest.skip("PostgreSQL 15 server binaries are not installed (make apt installs them)", allow_module_level=True)
 
 
 @dataclass
 class Cluster:
     base: Path
-    a: Server
-    b: Server
-    standby: Server
-    busy: Server  # autovacuum on, with pgcarve's manager database
-
-
-def _run_pg(*args: str) -> None:
-    subprocess.run(args, check=True, capture_output=True, **_as_postgres())
+    a: LocalServer
+    b: LocalServer
+    standby: LocalServer
+    busy: LocalServer  # autovacuum on, with pgcarve's manager database
 
 
 @pytest.fixture(scope="module")
 def cluster() -> Iterator[Cluster]:
-    base = Path(tempfile.mkdtemp(prefix="pgcarve-collector-test-"))
-    servers: list[Server] = []
+    base = localpg.prepare_base(Path(tempfile.mkdtemp(prefix="pgcarve-collector-test-")))
+    servers: list[LocalServer] = []
     try:
-        if os.geteuid() == 0:
-            shutil.chown(base, "postgres", "postgres")
-        _run_pg(
-            str(PG_BIN / "initdb"), "-D", str(base / "a"), "-A", "trust", "-U", "postgres",
-            "-N", "-E", "UTF8", "--locale=C.UTF-8",
-        )  # fmt: skip
-        # A copy of a stopped cluster is a second cluster: cheaper than another initdb.
-        _run_pg("cp", "-a", str(base / "a"), str(base / "b"))
-        _run_pg("cp", "-a", str(base / "a"), str(base / "busy"))
-        a = Server("a", base / "a", _free_port())
-        b = Server("b", base / "b", _free_port())
-        busy = Server("busy", base / "busy", _free_port())
+        localpg.initdb(base / "a")
+        localpg.clone(base / "a", base / "b")
+        localpg.clone(base / "a", base / "busy")
+        port_a, port_b, port_busy, port_standby = localpg.free_ports(4)
+        a = LocalServer("a", base / "a", port_a)
+        b = LocalServer("b", base / "b", port_b)
+        busy = LocalServer("busy", base / "busy", port_busy)
         servers += [a, b, busy]
         for srv in (a, b):
-            srv.start()
+            srv.start(*SETTINGS)
         # Autovacuum at work, visiting each database every AUTOVACUUM_NAPTIME_S.
-        busy.start("autovacuum=on", f"autovacuum_naptime={AUTOVACUUM_NAPTIME_S}s",
+        busy.start(*SETTINGS, "autovacuum=on", f"autovacuum_naptime={AUTOVACUUM_NAPTIME_S}s",
                    "log_autovacuum_min_duration=0")
         for srv in (a, b, busy):
             srv.wait_ready()
             with psycopg.connect(srv.dsn, autocommit=True) as conn:
                 conn.execute("create extension pg_stat_statements")
-                conn.execute("create table test(id serial primary key, info text, crt_time timestamp)")
-        _run_pg(
-            str(PG_BIN / "pg_basebackup"), "-h", "127.0.0.1", "-p", str(a.port), "-U", "postgres",
+                conn.execute(localpg.EXPERIMENT_TABLE)
+        localpg.run_pg(
+            str(localpg.PG_BIN / "pg_basebackup"), "-h", "127.0.0.1", "-p", str(a.port), "-U", "postgres",
             "-D", str(base / "standby"), "-R", "-X", "stream", "--checkpoint=fast", "-N",
         )  # fmt: skip
-        standby = Server("standby", base / "standby", _free_port())
+        standby = LocalServer("standby", base / "standby", port_standby)
         servers.append(standby)
-        standby.start("cluster_name=standby1")
+        standby.start(*SETTINGS, "cluster_name=standby1")
         standby.wait_ready()
         with psycopg.connect(busy.dsn, autocommit=True) as conn:
             conn.execute(sql.SQL("create database {}").format(sql.Identifier(MANAGER_DATABASE)))
@@ -362,7 +277,7 @@ def _collector_sessions(dsn: str) -> int:
 
 def test_unreachable_target_missing_extension_and_vanishing(cluster: Cluster) -> None:
     async def scenario() -> None:
-        dead_port = _free_port()
+        dead_port = localpg.free_ports(1)[0]
         targets = [
             Target("b", "local-b", cluster.b.dsn),
             # template1 has no pg_stat_statements extension: calls must be None, not an error.

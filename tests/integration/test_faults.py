@@ -35,7 +35,7 @@ from psycopg.conninfo import make_conninfo
 from tests.conftest import image_dir
 from tests.integration.conftest import IT_STATE, TOKEN, CarveEnv, wait_for, wait_operation
 from tests.integration.writer import AckedWriter
-from tests.utils.prometheus import prometheus_watching
+from tests.support.prometheus import prometheus_watching
 
 pytestmark = pytest.mark.integration
 

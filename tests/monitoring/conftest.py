@@ -1,5 +1,5 @@
 """Fixtures for the monitoring tests: a live API on libvirt's test driver whose collector and
-supervisor are fakes the test controls (tests/utils/fakes.py), and promtool."""
+supervisor are fakes the test controls (tests/support/fakes.py), and promtool."""
 
 from __future__ import annotations
 
@@ -13,9 +13,10 @@ import httpx
 import pytest
 from pgcarve.control.service import ManagerService
 
-from tests.utils.fakes import FakeCollector, FakeSupervisor, standby
-from tests.utils.live_api import LiveApi, instance_names, serve_live_api
-from tests.utils.prometheus import tool
+from tests.support.domains import instance_names
+from tests.support.fakes import FakeCollector, FakeSupervisor, standby
+from tests.support.live_api import LiveApi, serve_live_api
+from tests.support.prometheus import tool
 
 INSTANCES = instance_names(3)
 
@@ -39,10 +40,8 @@ def promtool(*args: str, stdin: str | None = None) -> subprocess.CompletedProces
 
 
 @pytest.fixture
-def monitored(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Monitored]:
+def monitored(tmp_path: Path) -> Iterator[Monitored]:
     """Three running instances (pgc-01..03) on host h1, nothing wrong with them yet."""
-    monkeypatch.setenv("PGCARVE_IMAGE_DIR", str(tmp_path / "no-image"))
-    monkeypatch.delenv("PGCARVE_HOSTS_FILE", raising=False)
     collector = FakeCollector()
     supervisor = FakeSupervisor(["h1"])
 
@@ -50,7 +49,7 @@ def monitored(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Monit
         service.collector = collector  # type: ignore[assignment]
         service.supervisor = supervisor  # type: ignore[assignment]
 
-    with serve_live_api(tmp_path / "state", INSTANCES, prepare=install) as api:
+    with serve_live_api(tmp_path / "state", len(INSTANCES), prepare=install) as api:
         yield Monitored(api=api, collector=collector, supervisor=supervisor)
 
 

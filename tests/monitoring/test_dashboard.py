@@ -12,7 +12,7 @@ from typing import Any
 import yaml
 
 from tests.monitoring.test_rules import metric_names
-from tests.utils.prometheus import DASHBOARD, RULES_FILE
+from tests.support.prometheus import DASHBOARD, RULES_FILE
 
 DATASOURCE = {"type": "prometheus", "uid": "${datasource}"}
 

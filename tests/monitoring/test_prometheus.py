@@ -11,8 +11,8 @@ import time
 from pathlib import Path
 
 from tests.monitoring.conftest import Monitored
-from tests.utils.fakes import standby
-from tests.utils.prometheus import DASHBOARD, prometheus_watching
+from tests.support.fakes import standby
+from tests.support.prometheus import DASHBOARD, prometheus_watching
 
 # Grafana's variables, as the dashboard's queries would be sent for "all instances".
 GRAFANA_VARIABLES = {"$job": "pgcarve", "$instance": ".*", "$__rate_interval": "1m", "$__interval": "15s",

@@ -9,7 +9,7 @@ from typing import Any
 import yaml
 
 from tests.monitoring.conftest import Monitored, make_everything_happen, promtool
-from tests.utils.prometheus import EXAMPLE_CONFIG, RULE_TESTS, RULES_FILE, duration_s, shortened_rules
+from tests.support.prometheus import EXAMPLE_CONFIG, RULE_TESTS, RULES_FILE, duration_s, shortened_rules
 
 SEVERITIES = {"critical", "warning", "info"}
 # A name in PromQL that is not followed by "(" (a function or an aggregation).

@@ -8,64 +8,22 @@ import threading
 from collections.abc import Iterator
 from pathlib import Path
 
-import libvirt
 import pytest
 from fastapi.testclient import TestClient
-from pgcarve.config import FleetConfig, HostConfig, Replication
+from pgcarve.control.operations import Operation
 from pgcarve.control.scaler import plan_scale
 from pgcarve.control.service import ManagerService
-from pgcarve.settings import Paths
-from pgcarve.virt.domain_xml import DomainSpec, InstanceMetadata, Nic, mac_for
-from pgcarve_api.main import create_app
-from pgcarve_api.settings import Settings
+
+from tests.support.api import app_for, service_on_test_driver
 
 TOKEN = "unit-test-token-0123456789"
 AUTH = {"Authorization": f"Bearer {TOKEN}"}
 
 
-def define(conn: libvirt.virConnect, index: int, creating: bool = False, standby: int = 0) -> None:
-    """A running primary (or standby `standby`) on the test driver, as the manager defines it."""
-    cluster = f"pgc-{index:02d}"
-    name = f"{cluster}-s{standby}" if standby else cluster
-    spec = DomainSpec(
-        name=name, domain_type="qemu",
-        metadata=InstanceMetadata(fleet="pgc", cluster=cluster, role="standby" if standby else "primary",
-                                  index=index, standby=standby),
-        memory_mib=1024, vcpu_pins=(index,), emulator_cpus=(0,), numa_node=0,
-        kernel="/nonexistent/vmlinuz", initrd="/nonexistent/initrd", disks=(),
-        nics=(Nic("default", mac_for("pgc", name)),), creating=creating,
-    )
-    conn.defineXML(spec.to_xml()).create()
-
-
-def reset_test_driver(instances: tuple[int, ...] = ()) -> libvirt.virConnect:
-    """Empty libvirt's test driver, then define running primaries `instances`. The returned
-    connection keeps the driver's state alive: close it when the test is done."""
-    conn = libvirt.open("test:///default")
-    for dom in conn.listAllDomains():
-        if dom.isActive():
-            dom.destroy()
-        dom.undefine()
-    for index in instances:
-        define(conn, index)
-    return conn
-
-
 @pytest.fixture
-def api(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[tuple[TestClient, ManagerService]]:
-    monkeypatch.setenv("PGCARVE_IMAGE_DIR", str(tmp_path / "no-image"))
-    config = FleetConfig(
-        hosts=[HostConfig(name="h1", uri="test:///default", role="primary")],
-        replication=Replication(standbys=0),
-    )
-    keep_alive = reset_test_driver((1, 2, 3))
-    service = ManagerService(config, Paths(tmp_path), refresh_s=0.2, collect=False, supervise=False)
-    service.start()
-    app = create_app(Settings(state_dir=tmp_path, token=TOKEN), service=service)
-    with TestClient(app) as client:
+def api(tmp_path: Path) -> Iterator[tuple[TestClient, ManagerService]]:
+    with service_on_test_driver(tmp_path) as service, TestClient(app_for(service, token=TOKEN)) as client:
         yield client, service
-    service.stop()
-    keep_alive.close()
 
 
 def test_reads(api: tuple[TestClient, ManagerService]) -> None:
@@ -164,16 +122,29 @@ def test_concurrent_scales_are_serialized_and_the_last_wins(api: tuple[TestClien
     for t in threads:
         t.join()
     assert service.wait_idle(60)
-    _seq, last_id, last_target = max(accepted)
-    last = service.operations.get(last_id)
-    assert last is not None and "superseded" not in (last.error or ""), "the last accepted request must run"
-    if last.status == "succeeded":
-        assert len(client.get("/v1/instances").json()) == last_target
-    else:  # a scale-up: impossible on the test driver (no guest image), and it says so
-        assert "no guest image" in (last.error or "")
     ops = service.operations.all()
-    assert len(ops) == 20 and all(op.status in ("succeeded", "failed") for op in ops)
-    assert sum(1 for op in ops if op.status == "succeeded") >= 1
+    assert len(ops) == 20
+    ran = sorted((op for op in ops if op.started_at is not None), key=lambda op: op.started_at or 0.0)
+    assert ran and ran[-1].id == max(accepted)[1], "the last accepted request must run"
+    assert ran == sorted(ran, key=lambda op: op.seq), "a newer request ran before an older one"
+    for op in ops:
+        if op.started_at is None:
+            assert op.status == "failed" and "superseded" in (op.error or ""), op
+    # Which way each operation that ran had to end follows from the count before it: a scale-down
+    # (or no change) succeeds; a scale-up fails, as nothing can be created without a guest image,
+    # and removes nothing.
+    count = 3
+    for op in ran:
+        assert_scale_outcome(op, count)
+        count = op.target if op.target <= count else count
+    assert len(client.get("/v1/instances").json()) == count
+
+
+def assert_scale_outcome(op: Operation, before: int) -> None:
+    if op.target <= before:
+        assert op.status == "succeeded", op
+    else:
+        assert op.status == "failed" and "no guest image" in (op.error or ""), op
 
 
 def test_plan_scale() -> None:

@@ -19,7 +19,7 @@ from pgcarve.postgres.replication import lsn_value
 from pgcarve.settings import Paths
 from pgcarve.virt.domain_xml import InstanceMetadata
 
-from tests.unit.test_api import define, reset_test_driver
+from tests.support.domains import define, reset_test_driver
 
 URI = "test:///default"
 

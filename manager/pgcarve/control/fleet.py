@@ -9,7 +9,7 @@ removing instances is control/provisioning.py; deciding what to do is the scaler
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 from pgcarve.config import FleetConfig, HostConfig
@@ -67,11 +67,18 @@ class Instance:
 class Fleet:
     """Hosts from the hosts file, connected lazily, and the guests on them."""
 
-    def __init__(self, config: FleetConfig, paths: Paths, boot_timeout_s: float = 600.0):
+    def __init__(self, config: FleetConfig, paths: Paths, boot_timeout_s: float = 600.0,
+                 hosts: Mapping[str, LibvirtHost] | None = None):
+        """`hosts`, by host name, replaces the connections built from the config (one per host in
+        it): a seam for stand-ins such as the benchmarks' test-driver hosts."""
         self.config = config
         self.paths = paths
         self.boot_timeout_s = boot_timeout_s
-        self.hosts = {h.name: LibvirtHost(h.name, h.uri, h.pool, h.pool_path) for h in config.hosts}
+        if hosts is None:
+            hosts = {h.name: LibvirtHost(h.name, h.uri, h.pool, h.pool_path) for h in config.hosts}
+        elif set(hosts) != {h.name for h in config.hosts}:
+            raise ConfigError(f"hosts {sorted(hosts)} are not the configured hosts {[h.name for h in config.hosts]}")
+        self.hosts = dict(hosts)
         self.forwards = ForwardRegistry(paths.sandbox_dir / "forwards")
         self.images = HostImages(self.hosts, paths.image_dir)
         self.domain_types = DomainTypes(config, self.hosts, self.images, paths.probe_cache)

@@ -19,16 +19,41 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
+from psycopg import sql
+
 from pgcarve.errors import ConfigError, PgcarveError
 from pgcarve.postgres import session
 
 INSERT_SCRIPT = "insert into test(info) values (null);\n"
 CREATE_TABLE = "create table if not exists test(id serial primary key, info text, crt_time timestamp)"
+_TABLE_RE = re.compile(r"^[a-z_][a-z0-9_]{0,62}$")
 TPS_RE = re.compile(r"^tps = ([0-9.]+) \((?:without initial connection time|excluding connections establishing)\)",
                     re.M)
 LATENCY_RE = re.compile(r"^latency average = ([0-9.]+) ms", re.M)
 TXNS_RE = re.compile(r"^number of transactions actually processed: (\d+)", re.M)
 FAILED_RE = re.compile(r"^number of failed transactions: (\d+)", re.M)
+
+
+def _table(name: str) -> str:
+    if not _TABLE_RE.fullmatch(name):
+        raise ConfigError(f"table name {name!r} is invalid (lower-case letters, digits, '_')")
+    return name
+
+
+def insert_script(table: str = "test") -> str:
+    """The experiment's one-statement script, inserting into `table` (INSERT_SCRIPT for `test`)."""
+    return f"insert into {_table(table)}(info) values (null);\n"  # noqa: S608  (a checked identifier)
+
+
+def create_test_table(conn: session.Connection, table: str = "test") -> None:
+    """The experiment's table (CREATE_TABLE for `test`) under another name, unless it exists."""
+    conn.execute(sql.SQL("create table if not exists {}(id serial primary key, info text, crt_time timestamp)")
+                 .format(sql.Identifier(_table(table))))
+
+
+def insert_row(conn: session.Connection, info: str, table: str = "test") -> None:
+    """One committed row (autocommit), e.g. a probe that a primary takes writes."""
+    conn.execute(sql.SQL("insert into {}(info) values (%s)").format(sql.Identifier(_table(table))), (info,))
 
 
 @dataclass(frozen=True)

@@ -68,6 +68,13 @@ def streaming_standbys(conn: Connection) -> set[str]:
     return {str(r[0]) for r in rows}
 
 
+def streaming_synchronous_standbys(conn: Connection) -> list[str]:
+    """application_name of every standby streaming now as synchronous (sync, or quorum for ANY)."""
+    rows = conn.execute("select application_name from pg_stat_replication "
+                        "where state = 'streaming' and sync_state in ('sync', 'quorum')").fetchall()
+    return [str(r[0]) for r in rows]
+
+
 def set_synchronous_standby_names(conn: Connection, value: str) -> None:
     """ALTER SYSTEM + reload (works on a hot standby too, before it is promoted)."""
     conn.execute(sql.SQL("alter system set synchronous_standby_names = {}").format(sql.Literal(value)))

@@ -1,0 +1,251 @@
+"""The experiment's cases (boot guests): carved, single, multi-process and no-replica on fresh
+guests, the insert-only pgbench load of ../shared/seeds on each, and a plain verdict. Writes
+experiment.json (and .png)."""
+
+from __future__ import annotations
+
+import contextlib
+import glob
+import json
+import platform
+import shutil
+import subprocess
+import tempfile
+import time
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from pgcarve.config import FleetConfig
+from pgcarve.control.fleet import Fleet
+from pgcarve.control.scaler import Scaler
+from pgcarve.errors import PgcarveError
+from pgcarve.postgres.pgbench import INSERT_SCRIPT, create_test_table, insert_script, pgbench_path
+from pgcarve.postgres.session import CLIENT_DATABASE
+from pgcarve.settings import Paths
+
+from bench.charts import chart_experiment, save_chart
+from bench.guests import guest_hosts, prepare_hosts, progress_logger, remove_all, with_size
+from bench.harness import NOISE_BAND, bench_fleet, finish, log, run_meta, write_json
+from bench.load import LoadTarget, apply_settings, guest_facts, run_load
+
+
+def _split(total: int, parts: int) -> int:
+    return max(1, total // max(1, parts))
+
+
+@dataclass(frozen=True)
+class ExperimentParams:
+    instances: int
+    standbys: int
+    clients: int
+    threads: int
+    seconds: int
+    sampling_rate: float
+    pg_settings: dict[str, str]
+    memory_mib: int | None = None
+    vcpus: int | None = None  # V, vCPUs per carved guest; None = 1 in the sandbox, the hosts file's on real hosts
+    clients_per_target: bool = False  # False: `clients` split over the targets; True: each target gets them all
+
+    def per_target(self, total: int, targets: int) -> int:
+        return total if self.clients_per_target else _split(total, targets)
+
+
+CASE_DOC = {
+    "carved": "N instances (N guests of V vCPUs), one primary per guest, each with its synchronous standby(s) "
+              "on other hosts; clients split evenly over the N primaries",
+    "single": "one instance whose guest has N x V vCPUs, with its synchronous standby(s); all clients on it",
+    "multi-process": "APPROXIMATION: N concurrent pgbench runs, each on its own table, against the single "
+                     "instance's one primary (one postmaster, one WAL stream, one walsender) - not N PostgreSQL "
+                     "clusters in one kernel as in the experiment; pgcarve cannot create extra clusters inside "
+                     "a guest",
+    "no-replica": "one instance with N x V vCPUs, replication.standbys 0 and synchronous_commit = local",
+}
+
+
+def run_case(case: str, fleet: Fleet, params: ExperimentParams, settings: dict[str, str],
+             logdir: Path) -> dict[str, Any]:
+    primaries = [inst.primary for inst in fleet.observe() if inst.primary and inst.primary.endpoint]
+    if not primaries:
+        raise PgcarveError(f"{case}: no reachable primary")
+    n = params.instances
+
+    def clients_jobs(targets: int) -> tuple[int, int]:
+        clients = params.per_target(params.clients, targets)
+        return clients, min(params.per_target(params.threads, targets), clients)
+
+    if case == "multi-process":
+        guest = primaries[0]
+        tables = [f"test{k}" for k in range(1, n + 1)]
+        with fleet.connect(guest, database=CLIENT_DATABASE) as conn:
+            for table in tables:
+                create_test_table(conn, table)
+        targets = [LoadTarget(guest, f"{case}-table{k}", insert_script(table), *clients_jobs(n))
+                   for k, table in enumerate(tables, start=1)]
+    elif case == "carved":
+        targets = [LoadTarget(g, f"{case}-{g.name}", INSERT_SCRIPT, *clients_jobs(len(primaries)))
+                   for g in primaries]
+    else:
+        targets = [LoadTarget(primaries[0], f"{case}-{primaries[0].name}", INSERT_SCRIPT, params.clients,
+                              min(params.threads, params.clients))]
+    conf = {g.name: apply_settings(fleet, g, settings) for g in primaries}
+    log(f"{case}: pgbench on {len(targets)} target(s), {params.seconds} s")
+    result = run_load(fleet, targets, params.seconds, params.sampling_rate, logdir)
+    result.update({
+        "case": case,
+        "how": CASE_DOC[case],
+        "approximation": case == "multi-process",
+        "script": targets[0].script.strip() if case != "multi-process" else "insert into testK(info) values (null);",
+        "postgresql_conf": conf,
+        "guests": {g.name: {"host": g.info.host, "vcpus": len(g.info.vcpu_pins),
+                            "host_cpus": list(g.host_cpus), "memory_mib": g.info.memory_mib} for g in primaries},
+        "standbys": fleet.config.replication.standbys,
+    })
+    log(f"{case}: {result['aggregate_tps']} TPS, p50 {result['latency_p50_ms']} ms, p99 {result['latency_p99_ms']} ms")
+    return result
+
+
+@contextlib.contextmanager
+def instances_up(config: FleetConfig, paths: Paths, count: int, record: dict[str, Any]) -> Iterator[Fleet]:
+    """`count` fresh instances of `config` through Scaler.scale, removed again afterwards."""
+    fleet = Fleet(config, paths)
+    try:
+        remove_all(fleet)
+        t = time.monotonic()
+        Scaler(fleet).scale(count, progress_logger("  "))
+        record["boot_s"] = round(time.monotonic() - t, 1)
+        yield fleet
+    finally:
+        with contextlib.suppress(Exception):
+            remove_all(fleet)
+        fleet.close()
+
+
+def verdict(results: dict[str, dict[str, Any]], domain_types: dict[str, str]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    carved = results.get("carved", {}).get("aggregate_tps")
+    for other in ("single", "no-replica", "multi-process"):
+        base = results.get(other, {}).get("aggregate_tps")
+        if carved and base:
+            out[f"carved_over_{other.replace('-', '_')}"] = round(carved / base, 3)
+    ratio = out.get("carved_over_single")
+    if ratio is None:
+        out["text"] = "no verdict: needs both the carved and the single case"
+    elif ratio >= 1 + NOISE_BAND:
+        out["text"] = (f"carving helped by {(ratio - 1) * 100:.0f}% on this host "
+                       f"({carved:.0f} TPS carved vs {results['single']['aggregate_tps']:.0f} TPS single)")
+    elif ratio <= 1 - NOISE_BAND:
+        out["text"] = (f"carving did not help on this host: it cost {(1 - ratio) * 100:.0f}% "
+                       f"({carved:.0f} TPS carved vs {results['single']['aggregate_tps']:.0f} TPS single)")
+    else:
+        out["text"] = (f"carving did not help on this host: no clear difference ({(ratio - 1) * 100:+.0f}%, within "
+                       f"+-{NOISE_BAND * 100:.0f}%; {carved:.0f} vs {results['single']['aggregate_tps']:.0f} TPS)")
+    if any(t != "kvm" for t in domain_types.values()):
+        out["caveat"] = ("guests ran under QEMU TCG (software emulation, no usable KVM): the figures measure "
+                         "the emulator, not the kernel locks carving is about; rerun on a KVM host")
+    return out
+
+
+def host_versions() -> dict[str, str]:
+    versions = {"kernel": platform.release(), "proc_version": Path("/proc/version").read_text().strip()}
+    with contextlib.suppress(Exception):
+        versions["pgbench"] = subprocess.run([pgbench_path(), "--version"], capture_output=True, text=True,
+                                             check=False).stdout.strip()
+    for server in sorted(glob.glob("/usr/lib/postgresql/*/bin/postgres")):
+        with contextlib.suppress(Exception):
+            versions["postgresql_server"] = subprocess.run([server, "--version"], capture_output=True, text=True,
+                                                           check=False).stdout.strip()
+    qemu = shutil.which("qemu-system-x86_64")
+    if qemu:
+        with contextlib.suppress(Exception):
+            versions["qemu"] = subprocess.run([qemu, "--version"], capture_output=True, text=True,
+                                              check=False).stdout.splitlines()[0]
+    return versions
+
+
+def carry_over(previous: Path, doc: dict[str, Any]) -> None:
+    """Keep cases of an earlier run with the same size and parameters that this run did not repeat
+    (e.g. `--cases no-replica` after a full run); each case keeps its own measured_at."""
+    if not previous.exists():
+        return
+    with contextlib.suppress(ValueError, KeyError, TypeError):
+        prev = json.loads(previous.read_text())
+        if prev.get("size") != doc["size"] or prev.get("params") != doc["params"]:
+            return
+        for case, result in prev["cases"].items():
+            if case not in doc["cases"] and "error" not in result:
+                doc["cases"][case] = {**result, "carried_over_from": prev.get("started_at")}
+
+
+def experiment(out: Path | None, paths: Paths, cases: Sequence[str], params: ExperimentParams, hosts: int,
+               hosts_file: Path | None = None, size: str = "custom", notes: Sequence[str] = (),
+               charts: bool = True) -> dict[str, Any]:
+    """The experiment's cases on fresh guests; writes experiment.json/.png."""
+    doc: dict[str, Any] = {"part": "experiment", **run_meta(size), "notes": list(notes),
+                           "params": {"instances_N": params.instances, "standbys": params.standbys,
+                                      "clients_total": params.clients, "threads_total": params.threads,
+                                      "seconds": params.seconds, "sampling_rate": params.sampling_rate,
+                                      "pg_settings": params.pg_settings,
+                                      "clients": "per instance/table" if params.clients_per_target
+                                      else "split over the instances/tables",
+                                      "pgbench": "pgbench -M prepared -n -r -P 1 -l -f insert.sql -c C -j J -T S"},
+                           "versions": {"host": host_versions()}}
+    results: dict[str, dict[str, Any]] = {}
+    doc["cases"] = results
+    logdir = Path(tempfile.mkdtemp(prefix="pgcarve-bench-logs-"))
+    try:
+        with guest_hosts(paths, hosts, hosts_file, doc) as base:
+            base = with_size(base, standbys=params.standbys, memory_mib=params.memory_mib)
+            probe_fleet = Fleet(base, paths)
+            try:
+                doc["prepare"] = prepare_hosts(probe_fleet)
+                doc["versions"]["libvirt"] = probe_fleet.hosts[base.hosts[0].name].versions()
+            finally:
+                probe_fleet.close()
+            domain_types = doc["prepare"]["domain_type"]
+            v = params.vcpus or (base.instance.vcpus if hosts_file is not None else 1)
+            doc["params"]["vcpus_per_carved_instance_V"] = v
+            doc["params"]["vcpus_single_instance"] = v * params.instances
+            plan: list[tuple[FleetConfig, int, list[str]]] = []
+            if "carved" in cases:
+                plan.append((with_size(base, vcpus=v, fleet=bench_fleet("c")), params.instances, ["carved"]))
+            together = [c for c in ("single", "multi-process") if c in cases]
+            if together:
+                plan.append((with_size(base, vcpus=v * params.instances, fleet=bench_fleet("s")), 1, together))
+            if "no-replica" in cases:
+                plan.append((with_size(base, vcpus=v * params.instances, standbys=0, synchronous_commit="local",
+                                       fleet=bench_fleet("n")), 1,
+                             ["no-replica"]))
+            for config, count, group in plan:
+                record: dict[str, Any] = {}
+                log(f"{'/'.join(group)}: creating {count} instance(s) of {config.instance.vcpus} vCPU, "
+                    f"{config.replication.standbys} standby(s)")
+                try:
+                    with instances_up(config, paths, count, record) as fleet:
+                        first = next(i.primary for i in fleet.observe() if i.primary)
+                        facts = guest_facts(fleet, first)
+                        doc["versions"].setdefault("guest", facts)
+                        for case in group:
+                            settings = dict(params.pg_settings)
+                            if case == "no-replica":
+                                settings.setdefault("synchronous_commit", "local")
+                            results[case] = run_case(case, fleet, params, settings, logdir)
+                            results[case]["boot_s"] = record.get("boot_s")
+                            results[case]["fleet"] = config.fleet
+                            results[case]["measured_at"] = time.strftime("%Y-%m-%dT%H:%M:%S%z")
+                except Exception as exc:  # one group failing still leaves the others' results
+                    for case in group:
+                        results[case] = {"case": case, "how": CASE_DOC[case], "error": str(exc)}
+                    log(f"{'/'.join(group)} failed: {exc}")
+            if out is not None:
+                carry_over(out / "experiment.json", doc)
+            doc["verdict"] = verdict(results, domain_types)
+    finally:
+        shutil.rmtree(logdir, ignore_errors=True)
+    finish(doc)
+    if out is not None:
+        write_json(out / "experiment.json", doc)
+        if charts:
+            save_chart(chart_experiment, doc, out / "experiment.png")
+    return doc
