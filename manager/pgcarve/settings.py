@@ -37,6 +37,11 @@ class Paths:
         return self.state_dir / "api-token"
 
     @property
+    def tls_dir(self) -> Path:
+        """The fleet CA (ca.key, ca.pem) and the certificates it issued (pgcarve.guest.tls)."""
+        return self.state_dir / "tls"
+
+    @property
     def probe_cache(self) -> Path:
         return self.state_dir / "domain-type-probe.json"
 
