@@ -1,15 +1,18 @@
 """`python -m pgcarve_api` (what `pgcarve serve` runs): the API under uvicorn, recording where
-it listens in the state directory's server.json."""
+it listens in the state directory's server.json.
+
+server.json records this process (PID, start time, boot: pgcarve.processes), so `pgcarve server
+stop` never signals a PID that is no longer this server.
+"""
 
 from __future__ import annotations
 
 import argparse
-import json
 import logging
-import os
 import sys
 
 import uvicorn
+from pgcarve.processes import read_record, record_self, write_record
 
 from pgcarve_api.main import create_app
 from pgcarve_api.security import load_or_create_token
@@ -28,11 +31,13 @@ def serve(settings: Settings) -> int:
         print(f"pgcarve: new API token written to {paths.token_file} (mode 0600)", file=sys.stderr, flush=True)
     app = create_app(settings)
     url_host = f"[{host}]" if ":" in host else host
-    paths.server_file.write_text(json.dumps({"pid": os.getpid(), "url": f"http://{url_host}:{port}"}))
+    me = record_self()
+    write_record(paths.server_file, me, url=f"http://{url_host}:{port}")
     try:
         uvicorn.run(app, host=host, port=port, log_level="info", access_log=False)
     finally:
-        paths.server_file.unlink(missing_ok=True)
+        if read_record(paths.server_file)[0] == me:  # not a file another server wrote since
+            paths.server_file.unlink(missing_ok=True)
     return 0
 
 

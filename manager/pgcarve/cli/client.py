@@ -9,17 +9,15 @@ from typing import Any
 import httpx
 
 from pgcarve.errors import PgcarveError
-from pgcarve.processes import pid_alive
+from pgcarve.processes import ProcessStatus, check, read_record
 from pgcarve.settings import Paths, Settings
 
 
 def read_server(paths: Paths) -> dict[str, Any] | None:
-    """{pid, url} of the running API server from server.json, or None when none runs."""
-    try:
-        data: dict[str, Any] = json.loads(paths.server_file.read_text())
-    except (FileNotFoundError, json.JSONDecodeError):
-        return None
-    return data if pid_alive(int(data.get("pid", 0))) else None
+    """{pid, url, ...} of the running API server from server.json, or None when none runs (no
+    file, or its PID has exited, was reused or is from before a reboot)."""
+    record, data = read_record(paths.server_file)
+    return data if record is not None and check(record) is ProcessStatus.RUNNING else None
 
 
 class ApiError(PgcarveError):

@@ -15,7 +15,7 @@ import time
 from pgcarve.cli.client import ApiClient, ApiError, read_server
 from pgcarve.cli.display import console, out, progress_display
 from pgcarve.errors import PgcarveError
-from pgcarve.processes import stop_pid
+from pgcarve.processes import ProcessStatus, read_record, stale_reason, stop
 from pgcarve.settings import Settings
 
 
@@ -36,15 +36,23 @@ def cmd_serve(args: argparse.Namespace, _settings: Settings) -> int:
 def cmd_server(args: argparse.Namespace, settings: Settings) -> int:
     """Start the API server in the background (pid in server.json), or stop it by that pid."""
     paths = settings.paths
-    server = read_server(paths)
     if args.action == "stop":
-        if server is None:
+        record, data = read_record(paths.server_file)
+        if not data:
             out.print("server: not running")
+        elif record is None:  # written by an older pgcarve: a bare PID cannot be verified
+            out.print(f"server: {paths.server_file} names pid {data.get('pid')} without its start time, so it "
+                      "was not signalled (it may be another process by now); if it is the pgcarve server, "
+                      "stop it by hand")
         else:
-            stop_pid(int(server["pid"]), timeout_s=20)
-            out.print(f"server: stopped (pid {server['pid']})")
+            status = stop(record, timeout_s=20)
+            if status is ProcessStatus.RUNNING:
+                out.print(f"server: stopped (pid {record.pid})")
+            else:
+                out.print(f"server: not running: {stale_reason(record, status)}, so it was not signalled")
         paths.server_file.unlink(missing_ok=True)
         return 0
+    server = read_server(paths)
     if server is not None:
         out.print(f"server: already running at {server['url']} (pid {server['pid']})")
         return 0
