@@ -19,7 +19,7 @@ from pgcarve.virt.domain_xml import DomainSpec, InstanceMetadata, Nic, mac_for
 from pgcarve_api.main import create_app
 from pgcarve_api.settings import Settings
 
-TOKEN = "unit-test-token-0123456789"
+TOKEN = "unit-test-token-0123456789abcdef0123"
 AUTH = {"Authorization": f"Bearer {TOKEN}"}
 
 
@@ -62,7 +62,7 @@ def api(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[tuple[TestC
     service = ManagerService(config, Paths(tmp_path), refresh_s=0.2, collect=False, supervise=False)
     service.start()
     app = create_app(Settings(state_dir=tmp_path, token=TOKEN), service=service)
-    with TestClient(app) as client:
+    with TestClient(app, base_url="http://127.0.0.1:8080") as client:
         yield client, service
     service.stop()
     keep_alive.close()

@@ -15,7 +15,7 @@ from pgcarve.settings import Paths
 from pgcarve_api.main import create_app
 from pgcarve_api.settings import Settings
 
-TOKEN = "fuzz-token-0123456789abcdef"
+TOKEN = "fuzz-token-0123456789abcdef0123456789"
 
 
 def build_app(state: Path) -> object:
@@ -23,7 +23,9 @@ def build_app(state: Path) -> object:
                          replication=Replication(standbys=0))
     service = ManagerService(config, Paths(state), refresh_s=0.5, collect=False, supervise=False)
     service.start()
-    return create_app(Settings(state_dir=state, token=TOKEN), service=service)
+    # schemathesis's ASGI client sends Host: testserver; the server is told that name, as an
+    # operator would with PGCARVE_ALLOWED_HOSTS.
+    return create_app(Settings(state_dir=state, token=TOKEN, allowed_hosts="testserver"), service=service)
 
 
 _keep_alive = libvirt.open("test:///default")

@@ -32,7 +32,7 @@ from pgcarve_api.main import create_app
 from pgcarve_api.settings import Settings
 
 TEST_URI = "test:///default"
-TOKEN = "test-token"
+TOKEN = "live-api-test-token-0123456789abcdef"
 INSTANCES = ("pgc-01", "pgc-02")
 # Roughly what each instance does (TPS); QPS is a multiple of it. Enough for "K" headlines.
 BASE_TPS = {"pgc-01": 9000.0, "pgc-02": 3500.0}

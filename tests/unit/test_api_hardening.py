@@ -1,0 +1,264 @@
+"""The API's defences around the token and the network (issue 13):
+
+* the Host header must name the server (the DNS-rebinding defence), refused with 421 naming the
+  accepted names;
+* "loopback" (reads open without the token) is decided from the bound socket;
+* a short PGCARVE_TOKEN, or a token file others can read, stops the start, naming the fix;
+* `pgcarve server stop` never signals a stale PID.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import yaml
+from fastapi.testclient import TestClient
+from pgcarve import processes
+from pgcarve.config import FleetConfig, HostConfig, Replication
+from pgcarve.control.service import ManagerService
+from pgcarve.errors import ConfigError
+from pgcarve.settings import Paths
+from pgcarve_api.host_check import host_of
+from pgcarve_api.listener import Listener, bind_listener, server_names
+from pgcarve_api.main import create_app
+from pgcarve_api.security import MIN_TOKEN_LENGTH
+from pgcarve_api.settings import Settings
+
+from tests.unit.test_api import reset_test_driver
+from tests.utils.live_api import free_port
+
+ROOT = Path(__file__).resolve().parents[2]
+TOKEN = "hardening-test-token-0123456789abcdef"
+AUTH = {"Authorization": f"Bearer {TOKEN}"}
+LOCAL = "http://127.0.0.1:8080"
+
+
+@pytest.fixture
+def fleet(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[ManagerService]:
+    monkeypatch.setenv("PGCARVE_IMAGE_DIR", str(tmp_path / "no-image"))
+    keep_alive = reset_test_driver((1,))
+    config = FleetConfig(hosts=[HostConfig(name="h1", uri="test:///default", role="primary")],
+                         replication=Replication(standbys=0))
+    service = ManagerService(config, Paths(tmp_path / "state"), refresh_s=0.2, collect=False, supervise=False)
+    service.start()
+    yield service
+    service.stop()
+    reset_test_driver().close()  # leave the shared driver empty (another module may keep it open)
+    keep_alive.close()
+
+
+def _settings(service: ManagerService, **changes: object) -> Settings:
+    return Settings(state_dir=service.paths.state_dir, **{"token": TOKEN, **changes})
+
+
+# --- the Host header ------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("host", ["127.0.0.1:8080", "127.0.0.1", "localhost", "LOCALHOST.:8080", "[::1]:8080",
+                                  "[::1]"])
+def test_loopback_names_are_accepted(fleet: ManagerService, host: str) -> None:
+    with TestClient(create_app(_settings(fleet), service=fleet), base_url=LOCAL) as client:
+        assert client.get("/v1/instances", headers={"Host": host}).status_code == 200
+
+
+@pytest.mark.parametrize("host", ["evil.test", "evil.test:8080", "127.0.0.1.evil.test", "localhost.evil.test",
+                                  "127.0.0.2", "::1", "localhost:http", "[::1", "", "localhost@evil.test"])
+def test_other_host_names_are_refused_with_the_accepted_ones(fleet: ManagerService, host: str) -> None:
+    """Even on loopback, a Host that is not one of the server's names gets 421 and a detail that
+    names them; a mutation with the right token changes nothing."""
+    with TestClient(create_app(_settings(fleet), service=fleet), base_url=LOCAL) as client:
+        resp = client.get("/v1/instances", headers={"Host": host})
+        assert resp.status_code == 421, resp.text
+        detail = resp.json()["detail"]
+        assert "localhost, 127.0.0.1, ::1" in detail and "PGCARVE_ALLOWED_HOSTS" in detail
+        put = client.put("/v1/scale", json={"instances": 2}, headers={**AUTH, "Host": host})
+        assert put.status_code == 421
+        assert client.get("/", headers={"Host": host}).status_code == 421, "the dashboard too"
+    assert fleet.operations.all() == []
+
+
+def test_allowed_hosts_extend_the_names(fleet: ManagerService) -> None:
+    app = create_app(_settings(fleet, allowed_hosts="db-api.example, 192.0.2.7"), service=fleet)
+    with TestClient(app, base_url=LOCAL) as client:
+        for host in ("db-api.example", "DB-API.example:8080", "192.0.2.7:8080"):
+            assert client.get("/healthz", headers={"Host": host}).status_code == 200, host
+        assert client.get("/healthz", headers={"Host": "evil.test"}).status_code == 421
+
+
+@pytest.mark.parametrize("bad", ["evil_test", "a/b", "-x.example", "http://x"])
+def test_a_bad_allowed_host_stops_the_start(fleet: ManagerService, bad: str) -> None:
+    with pytest.raises(ConfigError, match="PGCARVE_ALLOWED_HOSTS"):
+        create_app(_settings(fleet, allowed_hosts=f"ok.example,{bad}"), service=fleet)
+
+
+@pytest.mark.parametrize("header, host", [
+    ("db1", "db1"), ("db1:8080", "db1"), ("[fd00::1]:8080", "fd00::1"), ("[::1]", "::1"),
+    ("fd00::1", None), ("db1:", None), ("db1:x", None), ("[::1]x", None), ("", None),
+])
+def test_host_of(header: str, host: str | None) -> None:
+    assert host_of(header) == host
+
+
+def test_a_request_without_host_is_refused(fleet: ManagerService) -> None:
+    """HTTP/1.0 without Host: refused, not guessed."""
+    import asyncio
+
+    app = create_app(_settings(fleet), service=fleet)
+    sent: list[dict[str, object]] = []
+
+    async def receive() -> dict[str, object]:
+        return {"type": "http.request", "body": b"", "more_body": False}
+
+    async def send(message: dict[str, object]) -> None:
+        sent.append(message)
+
+    scope = {"type": "http", "method": "GET", "path": "/healthz", "raw_path": b"/healthz", "query_string": b"",
+             "headers": [], "server": ("127.0.0.1", 8080), "client": ("127.0.0.1", 5000), "scheme": "http",
+             "http_version": "1.0", "root_path": "", "asgi": {"version": "3.0"}}
+    asyncio.run(app(scope, receive, send))
+    assert sent[0]["status"] == 421
+    assert b"no Host header" in sent[1]["body"]  # type: ignore[operator]
+
+
+# --- loopback from the socket ---------------------------------------------------------------------
+
+def test_binding_to_the_wildcard_address_is_off_loopback() -> None:
+    """0.0.0.0 is off loopback whatever arrives over 127.0.0.1; a name counts for the address it
+    resolved to (the socket is bound, never listened on: nothing can connect)."""
+    sock, wildcard = bind_listener("0.0.0.0", 0)
+    sock.close()
+    assert (wildcard.address, wildcard.loopback, wildcard.wildcard) == ("0.0.0.0", False, True)
+    sock, named = bind_listener("localhost", 0)
+    sock.close()
+    assert named.loopback and named.address == "127.0.0.1"
+    assert Listener("db.example", "192.0.2.10", 8080).loopback is False
+    assert Listener("127.0.0.5", "127.0.0.5", 8080).loopback is True
+
+
+def test_a_loopback_name_on_a_non_loopback_socket_is_off_loopback(fleet: ManagerService) -> None:
+    """bind=localhost, but the socket got 192.0.2.10 (say /etc/hosts maps it so): reads need
+    the token. Bound to 127.0.0.1 through a host name, reads are open."""
+    app = create_app(_settings(fleet, bind="localhost"), service=fleet,
+                     listener=Listener("localhost", "192.0.2.10", 8080))
+    with TestClient(app, base_url="http://localhost:8080") as client:
+        assert client.get("/v1/instances").status_code == 401
+        assert client.get("/v1/instances", headers=AUTH).status_code == 200
+    app = create_app(_settings(fleet, bind="db-api.example"), service=fleet,
+                     listener=Listener("db-api.example", "127.0.0.1", 8080))
+    with TestClient(app, base_url="http://db-api.example:8080") as client:
+        assert client.get("/v1/instances").status_code == 200
+
+
+def test_server_names() -> None:
+    names = server_names("0.0.0.0", Listener("0.0.0.0", "0.0.0.0", 8080), ["api.example"])
+    assert {"localhost", "api.example", socket.gethostname().lower()} <= set(names.dns)
+    assert {"127.0.0.1", "::1"} <= set(names.ips) and "0.0.0.0" not in names.ips
+    specific = server_names("192.0.2.10", Listener("192.0.2.10", "192.0.2.10", 8080), [])
+    assert specific.dns == () and specific.ips == ("192.0.2.10",), "off loopback, no localhost"
+
+
+# --- the token ------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("token", ["x" * (MIN_TOKEN_LENGTH - 1), "short"])
+def test_a_short_token_stops_the_start(fleet: ManagerService, token: str) -> None:
+    with pytest.raises(ConfigError) as err:
+        create_app(_settings(fleet, token=token), service=fleet)
+    assert f"at least {MIN_TOKEN_LENGTH}" in str(err.value) and "PGCARVE_TOKEN" in str(err.value)
+    assert token not in str(err.value)
+    create_app(_settings(fleet, token="x" * MIN_TOKEN_LENGTH), service=fleet)  # the minimum itself is fine
+
+
+@pytest.mark.parametrize("token", ["token with spaces in it 0123456789", "tokén-0123456789abcdef0123456789"])
+def test_a_token_that_cannot_be_sent_stops_the_start(fleet: ManagerService, token: str) -> None:
+    with pytest.raises(ConfigError, match="printable ASCII"):
+        create_app(_settings(fleet, token=token), service=fleet)
+
+
+@pytest.mark.parametrize("mode", [0o640, 0o604, 0o620, 0o644])
+def test_a_token_file_others_can_read_stops_the_start(fleet: ManagerService, mode: int) -> None:
+    token_file = fleet.paths.token_file
+    token_file.parent.mkdir(parents=True, exist_ok=True)
+    token_file.write_text("f" * 43 + "\n")
+    token_file.chmod(mode)
+    with pytest.raises(ConfigError) as err:
+        create_app(_settings(fleet, token=None), service=fleet)
+    message = str(err.value)
+    assert str(token_file) in message and f"{mode:04o}" in message and f"chmod 600 {token_file}" in message
+    assert token_file.stat().st_mode & 0o777 == mode and token_file.read_text() == "f" * 43 + "\n"
+    token_file.chmod(0o600)
+    assert create_app(_settings(fleet, token=None), service=fleet).state.token == "f" * 43
+
+
+# --- the real server, started as an operator does ---------------------------------------------------
+
+def _server_env(tmp_path: Path, **extra: str) -> dict[str, str]:
+    hosts = tmp_path / "hosts.yaml"
+    hosts.write_text(yaml.safe_dump({"replication": {"standbys": 0},
+                                     "hosts": [{"name": "h1", "uri": "test:///default"}]}))
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PGCARVE_")}
+    env.update(PGCARVE_STATE_DIR=str(tmp_path / "state"), PGCARVE_HOSTS_FILE=str(hosts),
+               PGCARVE_IMAGE_DIR=str(tmp_path / "no-image"), PGCARVE_COLLECT="0", PGCARVE_SUPERVISE="0",
+               PGCARVE_TOKEN=TOKEN, PYTHONPATH=str(ROOT))
+    env.update(extra)
+    return env
+
+
+def _nothing_listens(port: int) -> bool:
+    with socket.socket() as s:
+        return s.connect_ex(("127.0.0.1", port)) != 0
+
+
+@pytest.mark.parametrize("case", ["short-token", "loose-token-file"])
+def test_a_refused_start_starts_nothing(tmp_path: Path, case: str) -> None:
+    """`python -m pgcarve_api` (what `pgcarve serve` runs) exits with the reason and code 2;
+    nothing listens and no server.json is written."""
+    port = free_port()
+    env = _server_env(tmp_path)
+    if case == "short-token":
+        env["PGCARVE_TOKEN"] = "too-short"
+        expect = f"at least {MIN_TOKEN_LENGTH}"
+    else:
+        del env["PGCARVE_TOKEN"]
+        token_file = tmp_path / "state" / "api-token"
+        token_file.parent.mkdir(parents=True)
+        token_file.write_text("t" * 43 + "\n")
+        token_file.chmod(0o644)
+        expect = f"chmod 600 {token_file}"
+    proc = subprocess.run([sys.executable, "-m", "pgcarve_api", "--port", str(port)], env=env, capture_output=True,
+                          text=True, timeout=60, check=False)
+    assert proc.returncode == 2, proc.stderr
+    assert expect in proc.stderr and "Traceback" not in proc.stderr, proc.stderr
+    assert not (tmp_path / "state" / "server.json").exists()
+    assert _nothing_listens(port)
+
+
+def test_server_stop_never_signals_a_stale_pid(tmp_path: Path) -> None:
+    """server.json left by a server that is gone, its PID now another process's: `pgcarve
+    server stop` says so, signals nothing, and removes the file."""
+    other = subprocess.Popen(["sleep", "60"])
+    try:
+        record = processes.record_process(other.pid)
+        state = tmp_path / "state"
+        processes.write_record(state / "server.json", record.__class__(record.pid, record.start_time - 1,
+                                                                      record.boot_id), url="http://127.0.0.1:1")
+        env = _server_env(tmp_path)
+        proc = subprocess.run([sys.executable, "-m", "pgcarve.cli", "server", "stop"], env=env, capture_output=True,
+                              text=True, timeout=60, check=False)
+        assert proc.returncode == 0, proc.stderr
+        assert "not signalled" in proc.stdout + proc.stderr and "another process" in proc.stdout + proc.stderr
+        assert other.poll() is None
+        assert not (state / "server.json").exists()
+        legacy = {"pid": other.pid, "url": "http://127.0.0.1:1"}  # an older pgcarve's server.json
+        (state / "server.json").write_text(json.dumps(legacy))
+        proc = subprocess.run([sys.executable, "-m", "pgcarve.cli", "server", "stop"], env=env, capture_output=True,
+                              text=True, timeout=60, check=False)
+        assert "without its start time" in proc.stdout + proc.stderr and other.poll() is None
+    finally:
+        other.kill()
+        other.wait(5)
