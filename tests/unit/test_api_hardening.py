@@ -4,6 +4,7 @@
   accepted names;
 * "loopback" (reads open without the token) is decided from the bound socket;
 * a short PGCARVE_TOKEN, or a token file others can read, stops the start, naming the fix;
+* GET /v1/ca.pem serves the fleet CA;
 * `pgcarve server stop` never signals a stale PID.
 """
 
@@ -19,6 +20,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+from cryptography import x509
 from fastapi.testclient import TestClient
 from pgcarve import processes
 from pgcarve.config import FleetConfig, HostConfig, Replication
@@ -193,6 +195,22 @@ def test_a_token_file_others_can_read_stops_the_start(fleet: ManagerService, mod
     assert token_file.stat().st_mode & 0o777 == mode and token_file.read_text() == "f" * 43 + "\n"
     token_file.chmod(0o600)
     assert create_app(_settings(fleet, token=None), service=fleet).state.token == "f" * 43
+
+
+# --- the fleet CA over the API --------------------------------------------------------------------
+
+def test_ca_pem_is_the_fleet_ca(fleet: ManagerService) -> None:
+    app = create_app(_settings(fleet), service=fleet)
+    with TestClient(app, base_url=LOCAL) as client:
+        resp = client.get("/v1/ca.pem")
+        assert resp.status_code == 200
+        assert resp.headers["content-type"] == "application/x-pem-file"
+        assert resp.content == (fleet.paths.tls_dir / "ca.pem").read_bytes()
+        cert = x509.load_pem_x509_certificate(resp.content)
+        assert cert.extensions.get_extension_for_class(x509.BasicConstraints).value.ca
+        assert client.get("/v1/ca.pem").content == resp.content, "the same CA at every request"
+    documented = app.openapi()["paths"]["/v1/ca.pem"]["get"]["responses"]["200"]["content"]
+    assert list(documented) == ["application/x-pem-file"]
 
 
 # --- the real server, started as an operator does ---------------------------------------------------

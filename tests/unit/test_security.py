@@ -487,7 +487,7 @@ def test_reads_off_loopback_need_the_token(fleet: ManagerService, bind: str, add
                      listener=Listener(bind=bind, address=address, port=8080))
     open_routes = {("GET", "/healthz"), ("GET", "/")}
     reads = [r for r in _routes(app, {"GET"}) if r not in open_routes]
-    assert ("GET", "/v1/instances") in reads and ("GET", "/metrics") in reads
+    assert ("GET", "/v1/instances") in reads and ("GET", "/metrics") in reads and ("GET", "/v1/ca.pem") in reads
     with TestClient(app, base_url=url, client=("10.1.2.3", 5000)) as client:
         for _method, template in reads:
             path = re.sub(r"\{[^}]+\}", "pgc-01", template)
