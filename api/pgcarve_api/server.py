@@ -1,11 +1,11 @@
 """`python -m pgcarve_api` (what `pgcarve serve` runs): the API under uvicorn, recording where
 it listens in the state directory's server.json.
 
-Everything that can refuse a start (the token, the token file's mode, the address,
-PGCARVE_ALLOWED_HOSTS) is checked before the socket listens and before server.json is written.
-The server binds its socket itself, so the app knows the address it is bound to (see
-listener.py). server.json records this process (PID, start time, boot: pgcarve.processes), so
-`pgcarve server stop` never signals a PID that is no longer this server.
+Everything that can refuse a start (the token, the token file's mode, the fleet CA, the address,
+the TLS settings, PGCARVE_ALLOWED_HOSTS) is checked before the socket listens and before
+server.json is written. server.json records this process (PID, start time, boot:
+pgcarve.processes), so `pgcarve server stop` never signals a PID that is no longer this server;
+its `url` says https when the server speaks it, and `ca_file` what to verify it with.
 """
 
 from __future__ import annotations
@@ -18,6 +18,7 @@ import uvicorn
 from pgcarve.errors import PgcarveError
 from pgcarve.processes import read_record, record_self, write_record
 
+from pgcarve_api.https import server_tls
 from pgcarve_api.listener import bind_listener
 from pgcarve_api.main import create_app
 from pgcarve_api.security import load_or_create_token
@@ -31,6 +32,7 @@ def serve(settings: Settings) -> int:
     sock, listener = bind_listener(settings.bind, settings.port)
     try:
         app = create_app(settings, listener=listener)
+        tls = server_tls(settings, app.state.fleet_ca, listener, app.state.server_names)
     except BaseException:
         sock.close()
         raise
@@ -39,11 +41,13 @@ def serve(settings: Settings) -> int:
         print(f"pgcarve: new API token (also in {paths.token_file}): {token}", file=sys.stderr, flush=True)
     elif created:
         print(f"pgcarve: new API token written to {paths.token_file} (mode 0600)", file=sys.stderr, flush=True)
-    url = f"http://{listener.local_url_host()}:{listener.port}"
-    config = uvicorn.Config(app, log_level="info", access_log=False)
+    url = f"{'https' if tls else 'http'}://{listener.local_url_host()}:{listener.port}"
+    config = uvicorn.Config(app, log_level="info", access_log=False,
+                            ssl_certfile=tls.cert_file if tls else None, ssl_keyfile=tls.key_file if tls else None)
     me = record_self()
     names = app.state.server_names.all()
-    write_record(paths.server_file, me, url=url, names=names)
+    write_record(paths.server_file, me, url=url, ca_file=str(tls.ca_file) if tls and tls.ca_file else None,
+                 names=names)
     logging.getLogger("pgcarve.api").info("serving %s; names accepted in Host: %s", url, ", ".join(names))
     try:
         uvicorn.Server(config).run(sockets=[sock])

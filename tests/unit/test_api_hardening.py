@@ -5,13 +5,15 @@
 * "loopback" (reads open without the token) is decided from the bound socket;
 * a short PGCARVE_TOKEN, or a token file others can read, stops the start, naming the fix;
 * GET /v1/ca.pem serves the fleet CA;
-* `pgcarve server stop` never signals a stale PID.
+* off loopback the server speaks HTTPS with a certificate from the fleet CA (or the operator's),
+  server.json says so, and `pgcarve server start/stop` work with it.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import shutil
 import socket
 import subprocess
 import sys
@@ -26,8 +28,10 @@ from pgcarve import processes
 from pgcarve.config import FleetConfig, HostConfig, Replication
 from pgcarve.control.service import ManagerService
 from pgcarve.errors import ConfigError
+from pgcarve.guest.tls import FleetCA, certificate_names, issue_server_certificate, new_ca
 from pgcarve.settings import Paths
 from pgcarve_api.host_check import host_of
+from pgcarve_api.https import server_tls
 from pgcarve_api.listener import Listener, bind_listener, server_names
 from pgcarve_api.main import create_app
 from pgcarve_api.security import MIN_TOKEN_LENGTH
@@ -213,6 +217,49 @@ def test_ca_pem_is_the_fleet_ca(fleet: ManagerService) -> None:
     assert list(documented) == ["application/x-pem-file"]
 
 
+# --- which certificate the server serves -----------------------------------------------------------
+
+def test_loopback_stays_plain_http(fleet: ManagerService) -> None:
+    listener = Listener("127.0.0.1", "127.0.0.1", 8080)
+    names = server_names("127.0.0.1", listener, [])
+    assert server_tls(_settings(fleet), FleetCA(fleet.paths.tls_dir), listener, names) is None
+
+
+def test_off_loopback_a_fleet_certificate_for_the_servers_names(fleet: ManagerService) -> None:
+    listener = Listener("192.0.2.10", "192.0.2.10", 8080)
+    names = server_names("192.0.2.10", listener, ["api.example"])
+    fleet_ca = FleetCA(fleet.paths.tls_dir)
+    tls = server_tls(_settings(fleet), fleet_ca, listener, names)
+    assert tls is not None and tls.ca_file == fleet_ca.cert_file
+    assert certificate_names(tls.cert_file.read_bytes()) == (["api.example"], ["192.0.2.10"])
+    assert tls.key_file.stat().st_mode & 0o777 == 0o600
+    x509.load_pem_x509_certificate(tls.cert_file.read_bytes()).verify_directly_issued_by(
+        x509.load_pem_x509_certificate(fleet_ca.certificate_pem()))
+
+
+def test_the_operators_certificate(fleet: ManagerService, tmp_path: Path) -> None:
+    """Both files or neither; they must load as a pair; then they are served as given."""
+    listener = Listener("192.0.2.10", "192.0.2.10", 8080)
+    names = server_names("192.0.2.10", listener, [])
+    fleet_ca = FleetCA(fleet.paths.tls_dir)
+    own = issue_server_certificate(new_ca(), ["api.example"], [])
+    cert, key = tmp_path / "own.pem", tmp_path / "own.key"
+    cert.write_bytes(own.cert_pem)
+    key.write_bytes(own.key_pem)
+    tls = server_tls(_settings(fleet, tls_cert=cert, tls_key=key), fleet_ca, listener, names)
+    assert tls is not None and (tls.cert_file, tls.key_file, tls.ca_file) == (cert, key, None)
+    with pytest.raises(ConfigError, match="PGCARVE_TLS_CERT is set but PGCARVE_TLS_KEY is not"):
+        server_tls(_settings(fleet, tls_cert=cert), fleet_ca, listener, names)
+    with pytest.raises(ConfigError, match="PGCARVE_TLS_KEY is set but PGCARVE_TLS_CERT is not"):
+        server_tls(_settings(fleet, tls_key=key), fleet_ca, listener, names)
+    with pytest.raises(ConfigError, match="no such file"):
+        server_tls(_settings(fleet, tls_cert=tmp_path / "missing.pem", tls_key=key), fleet_ca, listener, names)
+    other_key = tmp_path / "other.key"
+    other_key.write_bytes(issue_server_certificate(new_ca(), ["x.example"], []).key_pem)
+    with pytest.raises(ConfigError, match="not a PEM certificate and its unencrypted private key"):
+        server_tls(_settings(fleet, tls_cert=cert, tls_key=other_key), fleet_ca, listener, names)
+
+
 # --- the real server, started as an operator does ---------------------------------------------------
 
 def _server_env(tmp_path: Path, **extra: str) -> dict[str, str]:
@@ -232,7 +279,7 @@ def _nothing_listens(port: int) -> bool:
         return s.connect_ex(("127.0.0.1", port)) != 0
 
 
-@pytest.mark.parametrize("case", ["short-token", "loose-token-file"])
+@pytest.mark.parametrize("case", ["short-token", "loose-token-file", "half-tls"])
 def test_a_refused_start_starts_nothing(tmp_path: Path, case: str) -> None:
     """`python -m pgcarve_api` (what `pgcarve serve` runs) exits with the reason and code 2;
     nothing listens and no server.json is written."""
@@ -241,19 +288,70 @@ def test_a_refused_start_starts_nothing(tmp_path: Path, case: str) -> None:
     if case == "short-token":
         env["PGCARVE_TOKEN"] = "too-short"
         expect = f"at least {MIN_TOKEN_LENGTH}"
-    else:
+    elif case == "loose-token-file":
         del env["PGCARVE_TOKEN"]
         token_file = tmp_path / "state" / "api-token"
         token_file.parent.mkdir(parents=True)
         token_file.write_text("t" * 43 + "\n")
         token_file.chmod(0o644)
         expect = f"chmod 600 {token_file}"
+    else:
+        env["PGCARVE_TLS_CERT"] = str(tmp_path / "cert.pem")
+        expect = "PGCARVE_TLS_CERT is set but PGCARVE_TLS_KEY is not"
     proc = subprocess.run([sys.executable, "-m", "pgcarve_api", "--port", str(port)], env=env, capture_output=True,
                           text=True, timeout=60, check=False)
     assert proc.returncode == 2, proc.stderr
     assert expect in proc.stderr and "Traceback" not in proc.stderr, proc.stderr
     assert not (tmp_path / "state" / "server.json").exists()
     assert _nothing_listens(port)
+
+
+def test_server_start_reports_a_refused_start(tmp_path: Path) -> None:
+    """`pgcarve server start` with a short token: the server's own reason, exit code 1, nothing left."""
+    port = free_port()
+    env = _server_env(tmp_path, PGCARVE_TOKEN="too-short")
+    proc = subprocess.run([sys.executable, "-m", "pgcarve.cli", "server", "start", "--port", str(port)], env=env,
+                          capture_output=True, text=True, timeout=90, check=False)
+    assert proc.returncode != 0
+    output = " ".join((proc.stdout + proc.stderr).split())  # rich wraps long lines
+    assert "exited at start" in output and f"at least {MIN_TOKEN_LENGTH}" in output, output
+    assert not (tmp_path / "state" / "server.json").exists() and _nothing_listens(port)
+
+
+@pytest.mark.skipif(os.geteuid() != 0 or shutil.which("unshare") is None or shutil.which("ip") is None,
+                    reason="needs root, unshare and ip for a network namespace of its own")
+def test_off_loopback_the_server_speaks_https_only(tmp_path: Path) -> None:
+    """`pgcarve server start --bind 0.0.0.0` in a network namespace that has only `lo` (so the
+    wildcard bind reaches no real interface): server.json says https and names the fleet CA;
+    /healthz answers over TLS verified by that CA, for a certificate naming 127.0.0.1; reads
+    need the token; Host: evil.test gets 421; plain HTTP and another CA get nowhere; `pgcarve
+    server stop` stops it by its record."""
+    port = 8443
+    env = _server_env(tmp_path)
+    proc = subprocess.run(["unshare", "--net", "sh", "-c", 'ip link set lo up && exec "$@"', "sh",
+                           sys.executable, "-m", "tests.utils.https_probe", str(port)],
+                          env=env, cwd=ROOT, capture_output=True, text=True, timeout=240, check=False)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    report = json.loads(proc.stdout.strip().splitlines()[-1])
+    left = processes.read_record(tmp_path / "state" / "server.json")[0]
+    if left is not None:  # a failed probe must not leave its server behind
+        processes.stop(left)
+    assert "error" not in report, report
+    assert report["start"]["code"] == 0, report["start"]
+    server = report["server_json"]
+    assert server["url"] == f"https://127.0.0.1:{port}"
+    assert server["ca_file"] == str(tmp_path / "state" / "tls" / "ca.pem")
+    assert {"pid", "start_time", "boot_id"} <= set(server)
+    assert f"https://127.0.0.1:{port}/" in report["start"]["output"]
+    assert report["healthz"] == 200
+    assert report["anonymous_read"] == 401 and report["read_with_token"] == 200
+    assert report["evil_host"]["status"] == 421 and "evil.test" in report["evil_host"]["detail"]
+    assert report["ca_pem"] == {"status": 200, "type": "application/x-pem-file", "is_ca_file": True}
+    assert {"127.0.0.1", "localhost"} <= set(report["peer_names"])
+    assert report["plain_http"].startswith("refused"), report["plain_http"]
+    assert report["other_ca"].startswith("refused") and "CERTIFICATE_VERIFY_FAILED" in report["other_ca"]
+    assert report["stop"]["code"] == 0 and "stopped" in report["stop"]["output"]
+    assert report["server_json_left"] is False
 
 
 def test_server_stop_never_signals_a_stale_pid(tmp_path: Path) -> None:

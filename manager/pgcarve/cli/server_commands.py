@@ -12,7 +12,7 @@ import subprocess
 import sys
 import time
 
-from pgcarve.cli.client import ApiClient, ApiError, read_server
+from pgcarve.cli.client import ApiClient, ApiError, read_server, server_verify
 from pgcarve.cli.display import console, out, progress_display
 from pgcarve.errors import PgcarveError
 from pgcarve.processes import ProcessStatus, read_record, stale_reason, stop
@@ -61,11 +61,19 @@ def cmd_server(args: argparse.Namespace, settings: Settings) -> int:
     with log_path.open("ab") as log:
         proc = subprocess.Popen(serve_command(args), stdin=subprocess.DEVNULL, stdout=log, stderr=log,
                                 start_new_session=True)
+    # The server writes its URL (https off loopback) and CA into server.json once it is set up.
     client = ApiClient(f"http://{args.bind}:{args.port}")
     deadline = time.monotonic() + 60
-    while not client.healthy():
+    while True:
+        started = read_server(paths)
+        if started is not None and started.get("pid") == proc.pid:
+            client = ApiClient(started["url"], verify=server_verify(started))
+            if client.healthy():
+                break
         if proc.poll() is not None:
-            raise PgcarveError(f"the API server exited at start (code {proc.returncode}); see {log_path}")
+            lines = log_path.read_text(errors="replace").strip().splitlines()
+            reason = f": {lines[-1][-400:]}" if lines else ""
+            raise PgcarveError(f"the API server exited at start (code {proc.returncode}){reason} (log: {log_path})")
         if time.monotonic() > deadline:
             raise PgcarveError(f"the API server did not answer on {client.url} within 60 s; see {log_path}")
         time.sleep(0.2)
