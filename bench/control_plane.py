@@ -180,7 +180,7 @@ def measure_get(app: Any, path: str, requests: int, expect: int, transport: str)
             warnings.simplefilter("ignore")
             from fastapi.testclient import TestClient
 
-        with TestClient(app) as client:
+        with TestClient(app, base_url="http://127.0.0.1:8080") as client:  # a Host the API accepts
             loop(client.get)
     else:
         import uvicorn

@@ -159,7 +159,7 @@ def scale_out(out: Path | None, paths: Paths, hosts: int, standbys: int, steps: 
                             "hosts": [f"{h.name} ({h.role})" for h in config.hosts]}
             service.start()
             app = create_app(Settings(state_dir=paths.state_dir, token=TOKEN), service=service)
-            with TestClient(app) as client:
+            with TestClient(app, base_url="http://127.0.0.1:8080") as client:  # a Host the API accepts
                 current = 0
                 for add in steps:
                     target = current + add

@@ -7,6 +7,7 @@ from typing import Annotated
 from fastapi import Depends, HTTPException, Request, status
 from pgcarve.control.service import ManagerService
 
+from pgcarve_api.listener import Listener, is_loopback_address
 from pgcarve_api.security import token_matches
 from pgcarve_api.settings import Settings, get_settings
 
@@ -38,9 +39,21 @@ def require_token(request: Request) -> None:
         )
 
 
+def on_loopback(request: Request) -> bool:
+    """Whether the server listens on loopback only, decided from the socket it bound (`serve`
+    passes it), never from the configured bind string: bound to 0.0.0.0 it is off loopback even
+    for a request that arrived over 127.0.0.1. An app run without that (tests, another ASGI
+    server) uses the address the request arrived on, ASGI's `server`."""
+    listener: Listener | None = request.app.state.listener
+    if listener is not None:
+        return listener.loopback
+    server = request.scope.get("server")
+    return server is not None and is_loopback_address(str(server[0]))
+
+
 def require_read_access(request: Request) -> None:
     """Reads are open on loopback; bound elsewhere, they need the token too."""
-    if not request.app.state.loopback_only:
+    if not on_loopback(request):
         require_token(request)
 
 

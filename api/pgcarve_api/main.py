@@ -23,10 +23,13 @@ from pgcarve.errors import (
     NotFound,
     PgcarveError,
 )
+from pgcarve.guest.tls import FleetCA
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from pgcarve_api.host_check import HostHeaderCheck
+from pgcarve_api.listener import Listener, server_names
 from pgcarve_api.metrics import build_registry
-from pgcarve_api.routes import dashboard, health, hosts, incidents, instances, metrics, plan, scale, tps
+from pgcarve_api.routes import ca, dashboard, health, hosts, incidents, instances, metrics, plan, scale, tps
 from pgcarve_api.routes.dashboard import STATIC_DIR
 from pgcarve_api.security import load_or_create_token
 from pgcarve_api.settings import Settings, get_settings
@@ -91,8 +94,14 @@ async def _empty_receive() -> Message:
     return {"type": "http.request", "body": b"", "more_body": False}
 
 
-def create_app(settings: Settings | None = None, service: ManagerService | None = None) -> FastAPI:
-    """The app; pass a service to share one (tests), else it is built from the settings."""
+def create_app(settings: Settings | None = None, service: ManagerService | None = None,
+               listener: Listener | None = None) -> FastAPI:
+    """The app; pass a service to share one (tests), else it is built from the settings.
+
+    `listener` is the socket the server bound (`serve` passes it): reads are open without the
+    token only if it is on loopback. ConfigError, before anything is served, for a short token,
+    a token file or CA key others can read, or a bad PGCARVE_ALLOWED_HOSTS.
+    """
     settings = settings or get_settings()
     paths = settings.paths
 
@@ -126,8 +135,11 @@ def create_app(settings: Settings | None = None, service: ManagerService | None 
         lifespan=lifespan,
     )
     app.state.service = service
-    app.state.loopback_only = settings.loopback_only
+    app.state.listener = listener
+    app.state.server_names = server_names(settings.bind, listener, settings.extra_host_names)
     app.state.token, created = load_or_create_token(settings.token, paths.token_file)
+    app.state.fleet_ca = FleetCA(paths.tls_dir)
+    app.state.fleet_ca.ensure()  # made on first start; a CA key others can read stops the start here
     if created:
         log.warning("generated a new API token in %s (mode 0600)", paths.token_file)
 
@@ -143,9 +155,10 @@ def create_app(settings: Settings | None = None, service: ManagerService | None 
         response.headers.setdefault("X-Frame-Options", "DENY")
         return response
 
-    for module in (health, hosts, instances, incidents, scale, plan, tps, metrics, dashboard):
+    for module in (health, hosts, instances, incidents, scale, plan, tps, metrics, ca, dashboard):
         app.include_router(module.router)
     STATIC_DIR.mkdir(exist_ok=True)
     app.mount("/static", StaticFiles(directory=STATIC_DIR), name="static")
     app.add_middleware(BodyLimit, limit=settings.max_body_bytes)
+    app.add_middleware(HostHeaderCheck, names=app.state.server_names)  # added last: runs first
     return app

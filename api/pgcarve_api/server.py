@@ -1,16 +1,25 @@
 """`python -m pgcarve_api` (what `pgcarve serve` runs): the API under uvicorn, recording where
-it listens in the state directory's server.json."""
+it listens in the state directory's server.json.
+
+Everything that can refuse a start (the token, the token file's mode, the fleet CA, the address,
+the TLS settings, PGCARVE_ALLOWED_HOSTS) is checked before the socket listens and before
+server.json is written. server.json records this process (PID, start time, boot:
+pgcarve.processes), so `pgcarve server stop` never signals a PID that is no longer this server;
+its `url` says https when the server speaks it, and `ca_file` what to verify it with.
+"""
 
 from __future__ import annotations
 
 import argparse
-import json
 import logging
-import os
 import sys
 
 import uvicorn
+from pgcarve.errors import PgcarveError
+from pgcarve.processes import read_record, record_self, write_record
 
+from pgcarve_api.https import server_tls
+from pgcarve_api.listener import bind_listener
 from pgcarve_api.main import create_app
 from pgcarve_api.security import load_or_create_token
 from pgcarve_api.settings import Settings
@@ -19,20 +28,32 @@ from pgcarve_api.settings import Settings
 def serve(settings: Settings) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     paths = settings.paths
-    host, port = settings.bind, settings.port
     token, created = load_or_create_token(settings.token, paths.token_file)
+    sock, listener = bind_listener(settings.bind, settings.port)
+    try:
+        app = create_app(settings, listener=listener)
+        tls = server_tls(settings, app.state.fleet_ca, listener, app.state.server_names)
+    except BaseException:
+        sock.close()
+        raise
     if created and sys.stderr.isatty():
         # Shown once, on first start, to a person at a terminal; never written into a log file.
         print(f"pgcarve: new API token (also in {paths.token_file}): {token}", file=sys.stderr, flush=True)
     elif created:
         print(f"pgcarve: new API token written to {paths.token_file} (mode 0600)", file=sys.stderr, flush=True)
-    app = create_app(settings)
-    url_host = f"[{host}]" if ":" in host else host
-    paths.server_file.write_text(json.dumps({"pid": os.getpid(), "url": f"http://{url_host}:{port}"}))
+    url = f"{'https' if tls else 'http'}://{listener.local_url_host()}:{listener.port}"
+    config = uvicorn.Config(app, log_level="info", access_log=False,
+                            ssl_certfile=tls.cert_file if tls else None, ssl_keyfile=tls.key_file if tls else None)
+    me = record_self()
+    names = app.state.server_names.all()
+    write_record(paths.server_file, me, url=url, ca_file=str(tls.ca_file) if tls and tls.ca_file else None,
+                 names=names)
+    logging.getLogger("pgcarve.api").info("serving %s; names accepted in Host: %s", url, ", ".join(names))
     try:
-        uvicorn.run(app, host=host, port=port, log_level="info", access_log=False)
+        uvicorn.Server(config).run(sockets=[sock])
     finally:
-        paths.server_file.unlink(missing_ok=True)
+        if read_record(paths.server_file)[0] == me:  # not a file another server wrote since
+            paths.server_file.unlink(missing_ok=True)
     return 0
 
 
@@ -44,4 +65,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     overrides = {k: v for k, v in (("bind", args.bind), ("port", args.port), ("hosts_file", args.hosts_file))
                  if v is not None}
-    return serve(Settings(**overrides))
+    try:
+        return serve(Settings(**overrides))
+    except PgcarveError as exc:  # a refused start: the reason, for an operator, and no traceback
+        print(f"pgcarve: the API server did not start: {exc}", file=sys.stderr, flush=True)
+        return 2

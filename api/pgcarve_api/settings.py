@@ -1,12 +1,13 @@
 """API server settings (environment variables PGCARVE_*), behind a cached dependency.
 
 The manager's own settings (state directory, image, hosts file, boot timeout, bind, port,
-token) come from pgcarve.settings.Settings; the API adds how it serves and polls.
+token) come from pgcarve.settings.Settings; the API adds how it serves (names, TLS) and polls.
 """
 
 from __future__ import annotations
 
 import functools
+from pathlib import Path
 
 from pgcarve.settings import Settings as ManagerSettings
 
@@ -17,10 +18,17 @@ class Settings(ManagerSettings):
     collect_interval_s: float = 1.0
     supervise: bool = True  # PGCARVE_SUPERVISE=0: no HA loop (faults are neither noticed nor repaired)
     max_body_bytes: int = 64 * 1024
+    # PGCARVE_ALLOWED_HOSTS: more names or addresses clients may use in the Host header, comma-separated,
+    # beside the bind address (and localhost on loopback); they also go into the API's certificate.
+    allowed_hosts: str = ""
+    # PGCARVE_TLS_CERT / PGCARVE_TLS_KEY: the operator's own certificate (PEM, chain included) and key,
+    # both or neither. Without them, off loopback the API serves a certificate from the fleet CA.
+    tls_cert: Path | None = None
+    tls_key: Path | None = None
 
     @property
-    def loopback_only(self) -> bool:
-        return self.bind in ("127.0.0.1", "::1", "localhost")
+    def extra_host_names(self) -> list[str]:
+        return [name.strip() for name in self.allowed_hosts.replace(" ", ",").split(",") if name.strip()]
 
 
 @functools.cache

@@ -37,6 +37,11 @@ class Paths:
         return self.state_dir / "api-token"
 
     @property
+    def tls_dir(self) -> Path:
+        """The fleet CA (ca.key, ca.pem) and the certificates it issued (pgcarve.guest.tls)."""
+        return self.state_dir / "tls"
+
+    @property
     def probe_cache(self) -> Path:
         return self.state_dir / "domain-type-probe.json"
 
@@ -54,7 +59,7 @@ class Settings(BaseSettings):
     image_dir: Path | None = None  # the guest image (default <state_dir>/image)
     hosts_file: Path | None = None  # hosts.yaml (default ./hosts.yaml, else the sandbox's)
     boot_timeout: PositiveFloat = 600.0  # seconds a new guest may take to accept SQL
-    token: str | None = None  # the API token (else the state directory's api-token file)
+    token: str | None = None  # the API token, >= 32 characters (else the state directory's api-token file)
     bind: str = "127.0.0.1"  # address the API server listens on
     port: Annotated[int, Field(ge=1, le=65535)] = 8080  # port the API server listens on
 

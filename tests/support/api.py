@@ -78,9 +78,10 @@ class StreamStart:
 
 
 def read_stream_start(app: FastAPI, path: str, *, headers: Mapping[str, str] | None = None, query: str = "",
-                      timeout_s: float = 10.0) -> StreamStart:
-    """GET `path` in process and hang up after the first server-sent event (or at the end of a
-    body that ends), all within `timeout_s`. TestClient would wait for an endless stream to end."""
+                      host: str = "127.0.0.1:8080", timeout_s: float = 10.0) -> StreamStart:
+    """GET `path` in process (with this Host header) and hang up after the first server-sent
+    event (or at the end of a body that ends), all within `timeout_s`. TestClient would wait for
+    an endless stream to end."""
 
     async def run() -> StreamStart:
         got_event = asyncio.Event()
@@ -108,7 +109,8 @@ def read_stream_start(app: FastAPI, path: str, *, headers: Mapping[str, str] | N
         scope = {
             "type": "http", "asgi": {"version": "3.0"}, "http_version": "1.1", "method": "GET", "scheme": "http",
             "path": path, "raw_path": path.encode(), "root_path": "", "query_string": query.encode(),
-            "headers": [(k.lower().encode("latin-1"), v.encode("latin-1")) for k, v in (headers or {}).items()],
+            "headers": [(b"host", host.encode("latin-1"))]
+                       + [(k.lower().encode("latin-1"), v.encode("latin-1")) for k, v in (headers or {}).items()],
             "client": ("127.0.0.1", 40000), "server": ("127.0.0.1", 80), "state": {},
         }
         app_done = asyncio.ensure_future(app(scope, receive, send))

@@ -29,7 +29,7 @@ from pgcarve.control.service import ManagerService
 from tests.support.api import app_for, service_on_test_driver
 from tests.support.domains import TEST_URI, instance_names
 
-TOKEN = "test-token"
+TOKEN = "live-api-test-token-0123456789abcdef"
 # Roughly what each instance does (TPS); QPS is a multiple of it. Enough for "K" headlines.
 BASE_TPS = {"pgc-01": 9000.0, "pgc-02": 3500.0}
 QUERIES_PER_XACT = {"pgc-01": 6.0, "pgc-02": 2.0}

@@ -16,13 +16,14 @@ from pgcarve.control.service import ManagerService
 
 from tests.support.api import app_for, service_on_test_driver
 
-TOKEN = "unit-test-token-0123456789"
+TOKEN = "unit-test-token-0123456789abcdef0123"
 AUTH = {"Authorization": f"Bearer {TOKEN}"}
 
 
 @pytest.fixture
 def api(tmp_path: Path) -> Iterator[tuple[TestClient, ManagerService]]:
-    with service_on_test_driver(tmp_path) as service, TestClient(app_for(service, token=TOKEN)) as client:
+    with (service_on_test_driver(tmp_path) as service,
+          TestClient(app_for(service, token=TOKEN), base_url="http://127.0.0.1:8080") as client):
         yield client, service
 
 

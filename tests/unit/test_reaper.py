@@ -10,6 +10,7 @@ import time
 from pathlib import Path
 
 import pgcarve.sandbox.reaper
+from pgcarve.processes import ProcessStatus, check, read_record
 
 REAPER = Path(pgcarve.sandbox.reaper.__file__)
 
@@ -20,14 +21,16 @@ def gone(pid: int) -> bool:
 
 
 def test_detached_process_is_adopted_and_collected_at_once(tmp_path: Path) -> None:
-    pid_file, child_file = tmp_path / "reaper.pid", tmp_path / "child.pid"
+    pid_file, child_file = tmp_path / "reaper.json", tmp_path / "child.pid"
     proc = subprocess.run(
         [sys.executable, str(REAPER), str(pid_file),
          "sh", "-c", 'sleep 60 >/dev/null 2>&1 & echo $! > "$1"; echo started >&2; exit 3', "sh", str(child_file)],
         capture_output=True, text=True, timeout=30, check=False)
     # The caller sees the command's own outcome, not the reaper's.
     assert proc.returncode == 3 and proc.stderr == "started\n"
-    reaper_pid, child = int(pid_file.read_text()), int(child_file.read_text())
+    record, child = read_record(pid_file)[0], int(child_file.read_text())
+    assert record is not None and check(record) is ProcessStatus.RUNNING  # recorded with its start time
+    reaper_pid = record.pid
     status = Path(f"/proc/{child}/status").read_text()
     assert f"PPid:\t{reaper_pid}\n" in status  # adopted by the reaper, not by PID 1
     os.kill(child, signal.SIGKILL)
@@ -39,6 +42,6 @@ def test_detached_process_is_adopted_and_collected_at_once(tmp_path: Path) -> No
 
 
 def test_a_command_that_cannot_run_is_reported(tmp_path: Path) -> None:
-    proc = subprocess.run([sys.executable, str(REAPER), str(tmp_path / "r.pid"), str(tmp_path / "no-such-command")],
+    proc = subprocess.run([sys.executable, str(REAPER), str(tmp_path / "r.json"), str(tmp_path / "no-such-command")],
                           capture_output=True, text=True, timeout=30, check=False)
     assert proc.returncode == 1 and "no-such-command" in proc.stderr

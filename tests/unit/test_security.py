@@ -43,7 +43,10 @@ from pgcarve.guest.seed import GuestSeed
 from pgcarve.virt.domain_xml import Disk, DomainSpec, InstanceMetadata, Nic, mac_for
 from pgcarve_api import routes as routes_package
 from pgcarve_api import security
+from pgcarve_api.listener import Listener
+from pgcarve_api.main import create_app
 from pgcarve_api.routes.dashboard import STATIC_DIR
+from pgcarve_api.settings import Settings
 from pydantic import ValidationError
 
 from tests.support.api import app_for, read_stream_start, service_on_test_driver
@@ -52,6 +55,7 @@ ROOT = Path(__file__).resolve().parents[2]
 GUEST_SETUP = ROOT / "images" / "rootfs" / "usr" / "local" / "sbin" / "pgcarve-guest-setup"
 TOKEN = "security-test-token-0123456789abcdef"
 AUTH = {"Authorization": f"Bearer {TOKEN}"}
+LOCAL = "http://127.0.0.1:8080"  # what a client on loopback sends as Host (TestClient's default is refused)
 CREDS = Credentials(admin_password="Adm1n" + "x" * 20, replication_password="Repl1" + "y" * 20)
 SCRAM_FORMAT = re.compile(r"^SCRAM-SHA-256\$(\d+):([A-Za-z0-9+/=]+)\$([A-Za-z0-9+/=]+):([A-Za-z0-9+/=]+)$")
 
@@ -425,7 +429,7 @@ def test_every_mutation_needs_the_exact_token(fleet: ManagerService, headers: di
     app = _app(fleet, token=TOKEN)
     routes = _routes(app, {"PUT", "POST", "PATCH", "DELETE"})
     assert routes == sorted(MUTATION_BODIES), "a new mutating route: add a valid body for it here"
-    with TestClient(app) as client:
+    with TestClient(app, base_url=LOCAL) as client:
         for method, path in routes:
             resp = client.request(method, path, json=MUTATION_BODIES[(method, path)], headers=headers,
                                   params={"token": TOKEN})
@@ -437,7 +441,7 @@ def test_every_mutation_needs_the_exact_token(fleet: ManagerService, headers: di
 
 def test_the_right_token_is_accepted(fleet: ManagerService) -> None:
     """Positive control for the refusals above: the same request with the token is accepted."""
-    with TestClient(_app(fleet, token=TOKEN)) as client:
+    with TestClient(_app(fleet, token=TOKEN), base_url=LOCAL) as client:
         resp = client.put("/v1/scale", json={"instances": 1}, headers={"Authorization": f"bearer  {TOKEN} "})
         assert resp.status_code == 202, resp.text
     assert fleet.wait_idle(30)
@@ -453,31 +457,39 @@ def test_the_token_is_compared_in_constant_time(fleet: ManagerService, monkeypat
         return False
 
     monkeypatch.setattr(security.hmac, "compare_digest", never)
-    with TestClient(_app(fleet, token=TOKEN)) as client:
+    with TestClient(_app(fleet, token=TOKEN), base_url=LOCAL) as client:
         assert client.put("/v1/scale", json={"instances": 1}, headers=AUTH).status_code == 401
         assert client.put("/v1/scale", json={"instances": 1}, headers={"Authorization": "Bearer x"}).status_code == 401
     assert calls == [(TOKEN.encode(), TOKEN.encode()), (b"x", TOKEN.encode())]
     assert fleet.operations.all() == []
 
 
-@pytest.mark.parametrize("bind", ["0.0.0.0", "::", "10.1.2.3"])
-def test_reads_off_loopback_need_the_token(fleet: ManagerService, bind: str) -> None:
-    """Bound anywhere but loopback, every read route except the liveness probe and the (static)
-    dashboard page answers 401 without the token, and works with it."""
-    app = _app(fleet, token=TOKEN, bind=bind)
+@pytest.mark.parametrize("bind, address, url", [
+    ("0.0.0.0", "0.0.0.0", "http://127.0.0.1:8080"),  # a wildcard socket, reached over loopback
+    ("::", "::", "http://[::1]:8080"),
+    ("10.1.2.3", "10.1.2.3", "http://10.1.2.3:8080"),
+    ("localhost", "10.1.2.3", "http://localhost:8080"),  # the name says loopback, the socket does not
+])
+def test_reads_off_loopback_need_the_token(fleet: ManagerService, bind: str, address: str, url: str) -> None:
+    """Listening anywhere but loopback, every read route except the liveness probe and the
+    (static) dashboard page answers 401 without the token, and works with it. What counts is
+    the address the listening socket is bound to, not the bind string nor the address a request
+    arrived on."""
+    app = create_app(Settings(state_dir=fleet.paths.state_dir, token=TOKEN, bind=bind), service=fleet,
+                     listener=Listener(bind=bind, address=address, port=8080))
     open_routes = {("GET", "/healthz"), ("GET", "/")}
     reads = [r for r in _routes(app, {"GET"}) if r not in open_routes]
-    assert ("GET", "/v1/instances") in reads and ("GET", "/metrics") in reads
+    assert ("GET", "/v1/instances") in reads and ("GET", "/metrics") in reads and ("GET", "/v1/ca.pem") in reads
     operation = fleet.request_scale(3)  # a scale to the present count: something for /v1/operations/{op_id}
     assert fleet.wait_idle(30)
     values = {"name": "pgc-01", "op_id": operation.id}
-    with TestClient(app, client=("10.1.2.3", 5000)) as client:
+    with TestClient(app, base_url=url, client=("10.1.2.3", 5000)) as client:
         for _method, template in reads:
             path = re.sub(r"\{([^}]+)\}", lambda m: values[m.group(1)], template)
             resp = client.get(path, params={"instances": 1})
             assert resp.status_code == 401, (path, resp.status_code)
             if path == "/v1/events":  # an endless stream: read its first event, then hang up
-                assert read_stream_start(app, path, headers=AUTH).status == 200
+                assert read_stream_start(app, path, headers=AUTH, host=url.split("//", 1)[1]).status == 200
             else:
                 assert client.get(path, params={"instances": 1}, headers=AUTH).status_code == 200, path
         assert client.get("/healthz").status_code == 200
@@ -495,7 +507,7 @@ def test_a_generated_token_file_is_0600_even_with_a_permissive_umask(fleet: Mana
     assert token_file.stat().st_mode & 0o777 == 0o600
     token = token_file.read_text().strip()
     assert len(token) >= 32 and app.state.token == token
-    with TestClient(app) as client:
+    with TestClient(app, base_url=LOCAL) as client:
         assert client.put("/v1/scale", json={"instances": 3}, headers={"Authorization": f"Bearer {token}"}
                           ).status_code == 202
     assert fleet.wait_idle(30)
@@ -508,7 +520,7 @@ def test_the_token_is_never_logged(fleet: ManagerService, caplog: pytest.LogCapt
     app = _app(fleet, token=None)
     token = fleet.paths.token_file.read_text().strip()
     wrong = secrets.token_urlsafe(32)
-    with TestClient(app) as client:
+    with TestClient(app, base_url=LOCAL) as client:
         assert client.put("/v1/scale", json={"instances": 3}, headers={"Authorization": f"Bearer {wrong}"}
                           ).status_code == 401
         assert client.put("/v1/scale", json={"instances": 3}, headers={"Authorization": f"Bearer {token}"}
@@ -528,7 +540,7 @@ def test_page_source_never_contains_the_token(fleet: ManagerService) -> None:
     token = app.state.token
     static_files = sorted(p.relative_to(STATIC_DIR).as_posix() for p in STATIC_DIR.rglob("*") if p.is_file())
     assert "dashboard.js" in static_files and "index.html" in static_files
-    with TestClient(app) as client:
+    with TestClient(app, base_url=LOCAL) as client:
         page = client.get("/")
         assert page.status_code == 200 and "<html" in page.text.lower()
         for path in ["/", "/openapi.json", "/docs", *(f"/static/{f}" for f in static_files)]:
@@ -548,7 +560,7 @@ def test_an_oversized_body_is_refused_and_changes_nothing(fleet: ManagerService)
     """A scale request over max_body_bytes is refused whether its length is declared (413) or
     streamed (chunked), and no operation starts; the same request within the limit would have run."""
     headers = {**AUTH, "content-type": "application/json"}
-    with TestClient(_app(fleet, token=TOKEN, max_body_bytes=LIMIT)) as client:
+    with TestClient(_app(fleet, token=TOKEN, max_body_bytes=LIMIT), base_url=LOCAL) as client:
         declared = client.put("/v1/scale", content=PADDED, headers=headers)
         assert declared.status_code == 413 and str(LIMIT) in declared.json()["detail"]
         streamed = client.put("/v1/scale", content=iter([PADDED[:LIMIT], PADDED[LIMIT:]]), headers=headers)
@@ -564,6 +576,6 @@ def test_an_oversized_body_is_refused_and_changes_nothing(fleet: ManagerService)
 def test_an_oversized_chunked_body_gets_413(fleet: ManagerService) -> None:
     """Without Content-Length the limit is enforced while reading, and still answers 413."""
     headers = {**AUTH, "content-type": "application/json"}
-    with TestClient(_app(fleet, token=TOKEN, max_body_bytes=LIMIT)) as client:
+    with TestClient(_app(fleet, token=TOKEN, max_body_bytes=LIMIT), base_url=LOCAL) as client:
         streamed = client.put("/v1/scale", content=iter([PADDED[:LIMIT], PADDED[LIMIT:]]), headers=headers)
     assert streamed.status_code == 413, streamed.text

@@ -3,23 +3,29 @@
 from __future__ import annotations
 
 import json
+import ssl
 import time
 from typing import Any
 
 import httpx
 
 from pgcarve.errors import PgcarveError
-from pgcarve.processes import pid_alive
+from pgcarve.processes import ProcessStatus, check, read_record
 from pgcarve.settings import Paths, Settings
 
 
 def read_server(paths: Paths) -> dict[str, Any] | None:
-    """{pid, url} of the running API server from server.json, or None when none runs."""
-    try:
-        data: dict[str, Any] = json.loads(paths.server_file.read_text())
-    except (FileNotFoundError, json.JSONDecodeError):
-        return None
-    return data if pid_alive(int(data.get("pid", 0))) else None
+    """{pid, url, ca_file, ...} of the running API server from server.json, or None when none
+    runs (no file, or its PID has exited, was reused or is from before a reboot)."""
+    record, data = read_record(paths.server_file)
+    return data if record is not None and check(record) is ProcessStatus.RUNNING else None
+
+
+def server_verify(server: dict[str, Any] | None) -> ssl.SSLContext | bool:
+    """How to verify a server's HTTPS: with the fleet CA that issued its certificate (server.json's
+    ca_file), else with the system's CAs (an operator's own certificate)."""
+    ca_file = server.get("ca_file") if server else None
+    return ssl.create_default_context(cafile=ca_file) if ca_file else True
 
 
 class ApiError(PgcarveError):
@@ -34,10 +40,12 @@ class ApiError(PgcarveError):
 class ApiClient:
     """Calls a pgcarve API server with the token from PGCARVE_TOKEN or the state directory."""
 
-    def __init__(self, url: str, token: str | None = None, timeout_s: float = 30.0):
+    def __init__(self, url: str, token: str | None = None, timeout_s: float = 30.0,
+                 verify: ssl.SSLContext | bool = True):
         self.url = url.rstrip("/")
         self.timeout_s = timeout_s
         self.headers = {"Authorization": f"Bearer {token}"} if token else {}
+        self.verify = verify
 
     @classmethod
     def for_settings(cls, settings: Settings, url: str | None = None) -> ApiClient:
@@ -47,7 +55,9 @@ class ApiClient:
         if not token and paths.token_file.exists():
             token = paths.token_file.read_text().strip()
         server = read_server(paths)
-        return cls(url or (server["url"] if server else f"http://127.0.0.1:{settings.port}"), token)
+        if server is not None and (url is None or url.rstrip("/") == server["url"]):
+            return cls(server["url"], token, verify=server_verify(server))
+        return cls(url or f"http://127.0.0.1:{settings.port}", token)
 
     def _check(self, resp: httpx.Response) -> Any:
         if resp.status_code >= 400:
@@ -60,14 +70,15 @@ class ApiClient:
 
     def get(self, path: str, **params: Any) -> Any:
         return self._check(httpx.get(f"{self.url}{path}", params=params, headers=self.headers,
-                                     timeout=self.timeout_s))
+                                     timeout=self.timeout_s, verify=self.verify))
 
     def put(self, path: str, body: dict[str, Any]) -> Any:
-        return self._check(httpx.put(f"{self.url}{path}", json=body, headers=self.headers, timeout=self.timeout_s))
+        return self._check(httpx.put(f"{self.url}{path}", json=body, headers=self.headers, timeout=self.timeout_s,
+                                     verify=self.verify))
 
     def healthy(self) -> bool:
         try:
-            return httpx.get(f"{self.url}/healthz", timeout=2).status_code == 200
+            return httpx.get(f"{self.url}/healthz", timeout=2, verify=self.verify).status_code == 200
         except httpx.HTTPError:
             return False
 

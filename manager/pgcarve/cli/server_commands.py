@@ -12,10 +12,10 @@ import subprocess
 import sys
 import time
 
-from pgcarve.cli.client import ApiClient, ApiError, read_server
+from pgcarve.cli.client import ApiClient, ApiError, read_server, server_verify
 from pgcarve.cli.display import console, out, progress_display
 from pgcarve.errors import PgcarveError
-from pgcarve.processes import stop_pid
+from pgcarve.processes import ProcessStatus, read_record, stale_reason, stop
 from pgcarve.settings import Settings
 
 
@@ -36,15 +36,23 @@ def cmd_serve(args: argparse.Namespace, _settings: Settings) -> int:
 def cmd_server(args: argparse.Namespace, settings: Settings) -> int:
     """Start the API server in the background (pid in server.json), or stop it by that pid."""
     paths = settings.paths
-    server = read_server(paths)
     if args.action == "stop":
-        if server is None:
+        record, data = read_record(paths.server_file)
+        if not data:
             out.print("server: not running")
+        elif record is None:  # written by an older pgcarve: a bare PID cannot be verified
+            out.print(f"server: {paths.server_file} names pid {data.get('pid')} without its start time, so it "
+                      "was not signalled (it may be another process by now); if it is the pgcarve server, "
+                      "stop it by hand")
         else:
-            stop_pid(int(server["pid"]), timeout_s=20)
-            out.print(f"server: stopped (pid {server['pid']})")
+            status = stop(record, timeout_s=20)
+            if status is ProcessStatus.RUNNING:
+                out.print(f"server: stopped (pid {record.pid})")
+            else:
+                out.print(f"server: not running: {stale_reason(record, status)}, so it was not signalled")
         paths.server_file.unlink(missing_ok=True)
         return 0
+    server = read_server(paths)
     if server is not None:
         out.print(f"server: already running at {server['url']} (pid {server['pid']})")
         return 0
@@ -53,11 +61,19 @@ def cmd_server(args: argparse.Namespace, settings: Settings) -> int:
     with log_path.open("ab") as log:
         proc = subprocess.Popen(serve_command(args), stdin=subprocess.DEVNULL, stdout=log, stderr=log,
                                 start_new_session=True)
+    # The server writes its URL (https off loopback) and CA into server.json once it is set up.
     client = ApiClient(f"http://{args.bind}:{args.port}")
     deadline = time.monotonic() + 60
-    while not client.healthy():
+    while True:
+        started = read_server(paths)
+        if started is not None and started.get("pid") == proc.pid:
+            client = ApiClient(started["url"], verify=server_verify(started))
+            if client.healthy():
+                break
         if proc.poll() is not None:
-            raise PgcarveError(f"the API server exited at start (code {proc.returncode}); see {log_path}")
+            lines = log_path.read_text(errors="replace").strip().splitlines()
+            reason = f": {lines[-1][-400:]}" if lines else ""
+            raise PgcarveError(f"the API server exited at start (code {proc.returncode}){reason} (log: {log_path})")
         if time.monotonic() > deadline:
             raise PgcarveError(f"the API server did not answer on {client.url} within 60 s; see {log_path}")
         time.sleep(0.2)

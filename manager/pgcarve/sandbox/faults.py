@@ -6,14 +6,14 @@ host (say, a tiny filesystem for a disk-full test). `pgcarve sandbox kill-guest`
 
 from __future__ import annotations
 
-import os
 import signal
 import subprocess
 from pathlib import Path
 
+import pgcarve.processes as processes
 from pgcarve.errors import SandboxError
-from pgcarve.processes import stop_pid
-from pgcarve.sandbox.hosts import Sandbox, run_checked
+from pgcarve.processes import ProcessStatus
+from pgcarve.sandbox.hosts import Sandbox, run_checked, same_netns
 
 
 class SandboxFaults:
@@ -35,19 +35,36 @@ class SandboxFaults:
 
     def kill_guest(self, host: str, guest: str) -> int:
         """kill -9 the guest's QEMU process (the sandbox shares this machine's PID namespace);
-        returns the PID killed. To libvirt this is a guest whose QEMU died."""
+        returns the PID killed. To libvirt this is a guest whose QEMU died. The PID is signalled
+        only if it is a QEMU inside the host's network namespace."""
         pid = self.qemu_pid(host, guest)
-        os.kill(pid, signal.SIGKILL)
+        sandbox_host = self.sandbox.host_named(host)
+        try:
+            record = processes.record_process(pid)
+        except ProcessLookupError:
+            raise SandboxError(f"{guest} on sandbox host {host}: its QEMU (pid {pid}) has already exited") from None
+        try:
+            ours = (bool(record.cmdline) and Path(record.cmdline[0]).name.startswith(("qemu", "kvm"))
+                    and same_netns(Path(f"/proc/{pid}/ns/net"), sandbox_host.netns_path))
+        except FileNotFoundError:  # the process or the host's namespace is gone
+            ours = False
+        if not ours:
+            raise SandboxError(f"{guest} on sandbox host {host}: pid {pid} from libvirt's pid file is not a QEMU "
+                               f"in namespace {sandbox_host.netns} ({' '.join(record.cmdline)[:80]}); not signalled")
+        status = processes.signal_process(record, signal.SIGKILL)
+        if status is not ProcessStatus.RUNNING:
+            raise SandboxError(f"{guest} on sandbox host {host}: {processes.stale_reason(record, status)}")
         return pid
 
     def restart_libvirtd(self, host: str) -> None:
         """Stop the host's libvirtd (by PID) and start it again; guests keep running."""
         sandbox_host = self.sandbox.host_named(host)
-        pid = self.sandbox.daemon_pid(sandbox_host, "libvirtd")
-        if pid is not None:
-            stop_pid(pid)
+        record = self.sandbox.daemon(sandbox_host, "libvirtd")
+        if record is not None:
+            processes.stop(record)
         pid_file = sandbox_host.directory / "pids" / "libvirtd.pid"
         pid_file.unlink(missing_ok=True)
         self.sandbox.run_reaped(sandbox_host, [*self.sandbox.enter(sandbox_host), "libvirtd", "-d", "-p",
                                                str(pid_file), "-f", "/etc/libvirt/libvirtd.conf"])
         self.sandbox.wait_libvirtd(sandbox_host).close()
+        self.sandbox.record_daemons(sandbox_host, ("libvirtd",))

@@ -7,7 +7,8 @@ first, then joins the namespace with setns(2), so later sockets are created in t
 
     python -m pgcarve.sandbox.forward --netns /run/netns/NS --target 10.77.0.12:5432 --state FILE.json
 
-Each forward records {pid, port, target, netns} in its state file; pgcarve stops it by that PID.
+Each forward records {pid, start_time, boot_id, port, target, netns} in its state file; pgcarve
+signals it only while that PID still names that process (see pgcarve.processes).
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ import argparse
 import asyncio
 import contextlib
 import ctypes
-import json
+import logging
 import os
 import signal
 import socket
@@ -27,9 +28,19 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from pgcarve.errors import SandboxError
-from pgcarve.processes import pid_alive, stop_pid
+from pgcarve.processes import (
+    ProcessRecord,
+    ProcessStatus,
+    check,
+    read_record,
+    record_self,
+    stale_reason,
+    stop,
+    write_record,
+)
 
 CLONE_NEWNET = 0x40000000
+log = logging.getLogger("pgcarve.sandbox")
 
 
 def join_netns(path: str) -> None:
@@ -100,20 +111,33 @@ def main(argv: list[str] | None = None) -> int:
     listener.listen(128)
     listener.setblocking(False)
     join_netns(args.netns)  # the listener stays in the namespace it was created in
-    state = {"pid": os.getpid(), "port": listener.getsockname()[1], "target": args.target, "netns": args.netns}
-    tmp = Path(args.state + ".tmp")
-    tmp.write_text(json.dumps(state))
-    tmp.replace(args.state)
+    write_record(Path(args.state), record_self(), port=listener.getsockname()[1], target=args.target,
+                 netns=args.netns)
     asyncio.run(_serve(listener, host, int(port)))
     return 0
 
 
 @dataclass(frozen=True)
 class Forward:
-    pid: int
+    process: ProcessRecord
     port: int
     target: str
     netns: str
+
+    @property
+    def pid(self) -> int:
+        return self.process.pid
+
+
+def _load(state: Path) -> Forward | None:
+    """The forward a state file describes, if the file holds a complete, verifiable record."""
+    record, doc = read_record(state)
+    if record is None:
+        return None
+    try:
+        return Forward(record, int(doc["port"]), str(doc["target"]), str(doc["netns"]))
+    except (KeyError, TypeError, ValueError):
+        return None
 
 
 class ForwardRegistry:
@@ -126,12 +150,10 @@ class ForwardRegistry:
         return self.directory / f"{name}.json"
 
     def get(self, name: str) -> Forward | None:
-        try:
-            data = json.loads(self._file(name).read_text())
-        except (FileNotFoundError, json.JSONDecodeError):
-            return None
-        fwd = Forward(**data)
-        return fwd if pid_alive(fwd.pid) else None
+        """The guest's forward if it runs: a state file whose PID has exited, was reused or is
+        from before a reboot names no forward (and that PID is never signalled)."""
+        fwd = _load(self._file(name))
+        return fwd if fwd is not None and check(fwd.process) is ProcessStatus.RUNNING else None
 
     def ensure(self, name: str, netns: str, target: str) -> Forward:
         """A running forward 127.0.0.1:PORT -> target for this guest (reused if unchanged)."""
@@ -140,7 +162,7 @@ class ForwardRegistry:
             return current
         preferred = current.port if current is not None else 0
         if current is not None:
-            stop_pid(current.pid)
+            stop(current.process)
         self.directory.mkdir(parents=True, exist_ok=True)
         state = self._file(name)
         state.unlink(missing_ok=True)
@@ -152,8 +174,9 @@ class ForwardRegistry:
         )
         deadline = time.monotonic() + 10
         while time.monotonic() < deadline:
-            if state.exists():
-                return Forward(**json.loads(state.read_text()))
+            started = _load(state)
+            if started is not None and started.pid == proc.pid:
+                return started
             if proc.poll() is not None:
                 err = proc.stderr.read().decode() if proc.stderr else ""
                 if preferred:  # the old port was taken meanwhile: take any
@@ -167,9 +190,12 @@ class ForwardRegistry:
         return self.ensure(name, netns, target)
 
     def remove(self, name: str) -> None:
-        current = self.get(name)
-        if current is not None:
-            stop_pid(current.pid)
+        """Stop the guest's forward and forget it; a stale state file is only deleted."""
+        recorded = _load(self._file(name))
+        if recorded is not None:
+            status = stop(recorded.process)
+            if status.stale:
+                log.info("forward for %s: not signalled, %s", name, stale_reason(recorded.process, status))
         self._file(name).unlink(missing_ok=True)
 
     def remove_all(self) -> None:

@@ -10,7 +10,8 @@ a namespace of its own, a veth to each host) and route each other's guest networ
 replication really crosses from one "host" to another. pgcarve reaches each libvirtd through its
 unix socket (a qemu+unix:// URI with socket=...), and guests through 127.0.0.1 forwards.
 
-Everything started here is recorded by PID under the sandbox directory and stopped by PID.
+Everything started here is recorded under the sandbox directory (PID, start time, boot; see
+pgcarve.processes) and stopped by PID, only while the record still names the process.
 """
 
 from __future__ import annotations
@@ -27,9 +28,10 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+import pgcarve.processes as processes
 from pgcarve.config import FleetConfig, HostConfig, InstanceSize, Replication, write_fleet_config
 from pgcarve.errors import SandboxError
-from pgcarve.processes import pid_alive, stop_pid
+from pgcarve.processes import ProcessRecord, ProcessStatus
 from pgcarve.sandbox.forward import ForwardRegistry
 from pgcarve.virt.host import LibvirtHost
 from pgcarve.virt.xml_specs import NetworkSpec
@@ -39,6 +41,7 @@ GUEST_NET = "10.77.{i}.0/24"
 WIRE_PREFIX = "10.76.0."
 NETWORK_NAME = "pgcarve"
 MAX_HOSTS = 8
+NETNS_DIR = Path("/run/netns")  # where `ip netns add` keeps the namespaces it names
 
 # Runs inside `ip netns exec NS unshare --mount`: make the libvirt paths private, then start the
 # daemons. Values arrive as positional arguments, never pasted into the script.
@@ -55,6 +58,12 @@ done
 virtlogd -d -p "$host_dir/pids/virtlogd.pid" -f /etc/libvirt/virtlogd.conf
 libvirtd -d -p "$host_dir/pids/libvirtd.pid" -f /etc/libvirt/libvirtd.conf
 """
+
+
+def same_netns(a: Path, b: Path) -> bool:
+    """Two nsfs paths name the same network namespace (what `ip netns identify` compares)."""
+    first, second = os.stat(a), os.stat(b)
+    return (first.st_dev, first.st_ino) == (second.st_dev, second.st_ino)
 
 
 def run_checked(args: list[str], check: bool = True) -> subprocess.CompletedProcess[str]:
@@ -77,8 +86,14 @@ class SandboxHost:
         return f"qemu+unix:///system?socket={self.socket_dir}/libvirt-sock"
 
     @property
+    def netns_path(self) -> Path:
+        return NETNS_DIR / self.netns
+
+    @property
     def pid_files(self) -> list[Path]:
-        return [self.directory / "pids" / "libvirtd.pid", self.directory / "pids" / "virtlogd.pid"]
+        """The daemons' own pid files and pgcarve's records of them."""
+        return [self.directory / "pids" / f"{daemon}.{ext}"
+                for daemon in ("libvirtd", "virtlogd") for ext in ("pid", "json")]
 
 
 class Sandbox:
@@ -114,14 +129,47 @@ class Sandbox:
 
     def is_up(self) -> bool:
         hosts = self.hosts()
-        return bool(hosts) and all(self.daemon_pid(h, "libvirtd") for h in hosts)
+        return bool(hosts) and all(self.daemon(h, "libvirtd") for h in hosts)
 
-    def daemon_pid(self, host: SandboxHost, daemon: str) -> int | None:
+    def daemon(self, host: SandboxHost, daemon: str) -> ProcessRecord | None:
+        """The running daemon (libvirtd or virtlogd) of a sandbox host, or None.
+
+        The daemons write their pid files themselves, so pgcarve keeps its own record beside
+        each (pids/<daemon>.json: PID, start time, boot), made when it first reads the pid file
+        and has checked that the PID is that daemon inside this host's network namespace.
+        """
+        record = processes.running_record(host.directory / "pids" / f"{daemon}.json")
+        return record if record is not None else self._adopt_daemon(host, daemon)
+
+    def _adopt_daemon(self, host: SandboxHost, daemon: str) -> ProcessRecord | None:
+        """Record the PID in the daemon's own pid file if it is `daemon` running in the host's
+        network namespace. A pid file from before a reboot fails that (the namespace is gone or
+        new; the PID is someone else's), and so does a PID reused by any other process."""
         try:
             pid = int((host.directory / "pids" / f"{daemon}.pid").read_text().strip())
-        except (FileNotFoundError, ValueError):
+            record = processes.record_process(pid)
+            ours = (bool(record.cmdline) and Path(record.cmdline[0]).name == daemon
+                    and same_netns(Path(f"/proc/{pid}/ns/net"), host.netns_path))
+        except (FileNotFoundError, ValueError, ProcessLookupError, PermissionError):
             return None
-        return pid if pid_alive(pid) else None
+        # Checked again: the PID could have changed hands while its namespace was looked at.
+        if not ours or processes.check(record) is not ProcessStatus.RUNNING:
+            return None
+        processes.write_record(host.directory / "pids" / f"{daemon}.json", record)
+        return record
+
+    def record_daemons(self, host: SandboxHost, daemons: tuple[str, ...]) -> None:
+        """Record daemons just started (their pid files are fresh now); SandboxError if a pid
+        file does not name its daemon in the host's namespace."""
+        for daemon in daemons:
+            (host.directory / "pids" / f"{daemon}.json").unlink(missing_ok=True)
+            deadline = time.monotonic() + 10
+            while self._adopt_daemon(host, daemon) is None:
+                if time.monotonic() > deadline:
+                    raise SandboxError(f"{daemon} of sandbox host {host.name} started, but its pid file "
+                                       f"{host.directory / 'pids' / (daemon + '.pid')} does not name a {daemon} in "
+                                       f"namespace {host.netns}; see {host.directory / 'log'}")
+                time.sleep(0.1)
 
     # -- up ----------------------------------------------------------------------------------
 
@@ -170,7 +218,7 @@ class Sandbox:
         )
 
     def _netns_exists(self, name: str) -> bool:
-        return Path(f"/run/netns/{name}").exists()
+        return (NETNS_DIR / name).exists()
 
     def _wire_up(self, progress: Callable[[str], None]) -> None:
         if self._netns_exists(self.wire_netns):
@@ -182,7 +230,7 @@ class Sandbox:
         run_checked(["ip", "-n", self.wire_netns, "link", "set", "wire0", "up"])
 
     def _host_up(self, host: SandboxHost, total: int, progress: Callable[[str], None]) -> None:
-        if self.daemon_pid(host, "libvirtd"):
+        if self.daemon(host, "libvirtd"):
             return
         progress(f"starting sandbox host {host.name} (namespace {host.netns})")
         for sub in ("etc", "lib", "log/qemu", "cache", "pids"):
@@ -208,6 +256,7 @@ class Sandbox:
         self.run_reaped(host, ["ip", "netns", "exec", host.netns, "unshare", "--mount", "--propagation", "private",
                                 "sh", "-c", _START_DAEMONS, "pgcarve-sandbox", str(host.directory)])
         lv = self.wait_libvirtd(host)
+        self.record_daemons(host, ("virtlogd", "libvirtd"))
         progress(f"{host.name}: network {NETWORK_NAME} 10.77.{host.index}.0/24 and storage pool")
         lv.ensure_network(NetworkSpec(NETWORK_NAME, "pgcbr0", f"10.77.{host.index}.1", 24,
                                       f"10.77.{host.index}.10", f"10.77.{host.index}.250"))
@@ -215,18 +264,14 @@ class Sandbox:
         lv.close()
 
     def run_reaped(self, host: SandboxHost, args: list[str]) -> None:
-        """Run a command that starts daemons, under a reaper of their orphans (see reaper.py)."""
-        pid_file = host.directory / "pids" / f"reaper-{time.time_ns()}.pid"
-        run_checked([sys.executable, str(Path(__file__).with_name("reaper.py")), str(pid_file), *args])
+        """Run a command that starts daemons, under a reaper of their orphans (see reaper.py).
+        The reaper records itself (PID, start time, boot) in its record file."""
+        record_file = host.directory / "pids" / f"reaper-{time.time_ns()}.json"
+        run_checked([sys.executable, str(Path(__file__).with_name("reaper.py")), str(record_file), *args])
 
-    def _reapers(self, host: SandboxHost) -> list[int]:
-        pids = []
-        for pid_file in (host.directory / "pids").glob("reaper-*.pid"):
-            with contextlib.suppress(FileNotFoundError, ValueError):
-                pid = int(pid_file.read_text().strip())
-                if pid_alive(pid):
-                    pids.append(pid)
-        return pids
+    def _reapers(self, host: SandboxHost) -> list[ProcessRecord]:
+        return [record for record_file in (host.directory / "pids").glob("reaper-*.json")
+                if (record := processes.running_record(record_file)) is not None]
 
     def _write_libvirt_config(self, host: SandboxHost) -> None:
         etc = host.directory / "etc"
@@ -259,10 +304,10 @@ class Sandbox:
 
     def anchor_pid(self, host: SandboxHost) -> int:
         """A process inside the host's namespaces: virtlogd lives as long as they do."""
-        anchor = self.daemon_pid(host, "virtlogd")
+        anchor = self.daemon(host, "virtlogd")
         if anchor is None:
             raise SandboxError(f"sandbox host {host.name} is not running (no virtlogd)")
-        return anchor
+        return anchor.pid
 
     def enter(self, host: SandboxHost) -> list[str]:
         """The command prefix that runs a command inside the host's network and mount namespaces."""
@@ -291,20 +336,20 @@ class Sandbox:
         self.forwards.remove_all()
         for host in self.hosts():
             progress(f"stopping sandbox host {host.name}")
-            if self.daemon_pid(host, "libvirtd"):
+            if self.daemon(host, "libvirtd"):
                 lv = LibvirtHost(host.name, host.uri)
                 with contextlib.suppress(Exception):
                     lv.power_off_everything()
                 lv.close()
             for daemon in ("libvirtd", "virtlogd"):
-                pid = self.daemon_pid(host, daemon)
-                if pid:
-                    stop_pid(pid)
+                record = self.daemon(host, daemon)
+                if record is not None:
+                    processes.stop(record)
             if self._netns_exists(host.netns):
                 self._stop_namespace_processes(host.netns)
                 run_checked(["ip", "netns", "del", host.netns], check=False)
-            for pid in self._reapers(host):  # they leave once their daemons are gone
-                stop_pid(pid)
+            for reaper in self._reapers(host):  # they leave once their daemons are gone
+                processes.stop(reaper)
             shutil.rmtree(host.directory, ignore_errors=True)
             shutil.rmtree(host.socket_dir, ignore_errors=True)
         if self._netns_exists(self.wire_netns):
@@ -317,19 +362,20 @@ class Sandbox:
         """Processes still inside a namespace we created (e.g. qemu or dnsmasq left by a killed
         libvirtd) are ours: stop them by PID before the namespace goes."""
         for _ in range(2):
-            pids = [int(p) for p in run_checked(["ip", "netns", "pids", netns], check=False).stdout.split()]
-            if not pids:
-                return
-            for pid in pids:
+            # Recorded as listed, so the signals below reach these processes or none.
+            records = []
+            for pid in run_checked(["ip", "netns", "pids", netns], check=False).stdout.split():
                 with contextlib.suppress(ProcessLookupError):
-                    os.kill(pid, signal.SIGTERM)
+                    records.append(processes.record_process(int(pid)))
+            if not records:
+                return
+            for record in records:
+                processes.signal_process(record, signal.SIGTERM)
             deadline = time.monotonic() + 10
-            while time.monotonic() < deadline and any(pid_alive(p) for p in pids):
+            while time.monotonic() < deadline and any(processes.check(r) is ProcessStatus.RUNNING for r in records):
                 time.sleep(0.1)
-            for pid in pids:
-                if pid_alive(pid):
-                    with contextlib.suppress(ProcessLookupError):
-                        os.kill(pid, signal.SIGKILL)
+            for record in records:
+                processes.signal_process(record, signal.SIGKILL)
 
     def leftovers(self) -> list[str]:
         """What of this sandbox still exists (empty when down left nothing behind)."""

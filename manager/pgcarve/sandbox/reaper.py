@@ -5,11 +5,11 @@ orphans vanish when whoever adopted them collects them. PID 1 does that on a nor
 (systemd, immediately); in some containers and microVMs PID 1 collects orphans only every second
 or two, which delayed every "guest stopped" event, and so every repair, by that much.
 
-`python -m pgcarve.sandbox.reaper PIDFILE COMMAND...` runs COMMAND (which starts daemons that detach)
-from a child subreaper (prctl PR_SET_CHILD_SUBREAPER): the daemons, and every QEMU process
+`python -m pgcarve.sandbox.reaper RECORDFILE COMMAND...` runs COMMAND (which starts daemons that
+detach) from a child subreaper (prctl PR_SET_CHILD_SUBREAPER): the daemons, and every QEMU process
 they start later, are re-parented to it and collected the moment they exit. The caller gets
-COMMAND's exit status and error output as usual; the reaper stays behind, records its PID in
-PIDFILE, and exits when the last process it adopted has.
+COMMAND's exit status and error output as usual; the reaper stays behind, records itself (PID,
+start time, boot: pgcarve.processes) in RECORDFILE, and exits when the last process it adopted has.
 """
 
 from __future__ import annotations
@@ -21,6 +21,8 @@ import sys
 import tempfile
 from pathlib import Path
 
+from pgcarve.processes import record_self, write_record
+
 PR_SET_CHILD_SUBREAPER = 36  # linux/prctl.h
 
 
@@ -30,21 +32,21 @@ def _become_subreaper() -> None:
         raise OSError(ctypes.get_errno(), "prctl(PR_SET_CHILD_SUBREAPER) failed")
 
 
-def _reap_until_alone(pid_file: Path) -> None:
+def _reap_until_alone(record_file: Path) -> None:
     try:
         while True:
             os.wait()  # blocks; EINTR is retried by Python
     except ChildProcessError:  # nothing left to adopt or collect
         pass
     finally:
-        pid_file.unlink(missing_ok=True)
+        record_file.unlink(missing_ok=True)
 
 
 def main(argv: list[str]) -> int:
     if len(argv) < 2:
-        sys.stderr.write("usage: python -m pgcarve.sandbox.reaper PIDFILE COMMAND...\n")
+        sys.stderr.write("usage: python -m pgcarve.sandbox.reaper RECORDFILE COMMAND...\n")
         return 2
-    pid_file, command = Path(argv[0]), argv[1:]
+    record_file, command = Path(argv[0]), argv[1:]
     read_end, write_end = os.pipe()
     if os.fork() > 0:
         # The caller's side: wait for COMMAND's outcome, not for the reaper.
@@ -58,7 +60,7 @@ def main(argv: list[str]) -> int:
     try:
         os.setsid()  # not in the caller's session: a Ctrl-C there must not reach the daemons
         _become_subreaper()
-        pid_file.write_text(f"{os.getpid()}\n")
+        write_record(record_file, record_self())
         # A file, not a pipe, for COMMAND's stderr: a daemon that kept the pipe open would
         # make reading it wait forever.
         with tempfile.TemporaryFile() as err:
@@ -73,7 +75,7 @@ def main(argv: list[str]) -> int:
     devnull = os.open(os.devnull, os.O_RDWR)
     for fd in (0, 1, 2):
         os.dup2(devnull, fd)
-    _reap_until_alone(pid_file)
+    _reap_until_alone(record_file)
     os._exit(0)
 
 

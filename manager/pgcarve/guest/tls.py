@@ -1,0 +1,271 @@
+"""The fleet's certificate authority, and the server certificates it issues.
+
+One CA per state directory: `<state>/tls/ca.key` (the private key, 0600) and `<state>/tls/ca.pem`
+(its certificate, public). It is made once, on first use, and reused for ten years; guests'
+PostgreSQL servers and the API server get certificates from it, and clients verify them with
+ca.pem (`GET /v1/ca.pem`; libpq `sslmode=verify-ca`, or `verify-full` when the name matches).
+
+The functions here are pure (PEM bytes in, PEM bytes out); `FleetCA` is the one place that reads
+and writes the files.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime as dt
+import fcntl
+import ipaddress
+import os
+import re
+import secrets
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from cryptography import x509
+from cryptography.hazmat.primitives import hashes, serialization
+from cryptography.hazmat.primitives.asymmetric import ec, rsa
+from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
+
+from pgcarve.errors import ConfigError
+
+CA_VALIDITY = dt.timedelta(days=3650)
+SERVER_VALIDITY = dt.timedelta(days=825)  # the longest validity clients (Apple's, browsers) accept
+CLOCK_SKEW = dt.timedelta(minutes=5)  # not-before set back, for clients whose clock runs behind
+# An RFC 1123 host name: dot-separated labels of letters, digits and inner hyphens.
+_LABEL = r"[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?"
+DNS_NAME = re.compile(rf"^(?=.{{1,253}}$){_LABEL}(\.{_LABEL})*\.?$")
+
+SigningKey = ec.EllipticCurvePrivateKey | rsa.RSAPrivateKey
+
+
+@dataclass(frozen=True)
+class KeyAndCertificate:
+    """A private key and its certificate, both PEM."""
+
+    key_pem: bytes
+    cert_pem: bytes
+
+
+def _new_key() -> ec.EllipticCurvePrivateKey:
+    return ec.generate_private_key(ec.SECP256R1())
+
+
+def _key_pem(key: SigningKey) -> bytes:
+    return key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
+                             serialization.NoEncryption())
+
+
+def _now(now: dt.datetime | None) -> dt.datetime:
+    return now if now is not None else dt.datetime.now(dt.UTC)
+
+
+def new_ca(common_name: str | None = None, now: dt.datetime | None = None) -> KeyAndCertificate:
+    """A new self-signed CA (ECDSA P-256, ten years) that may sign server certificates only."""
+    key = _new_key()
+    # A random suffix keeps every fleet's CA name distinct, so a client trusting two never mixes them up.
+    name = x509.Name([
+        x509.NameAttribute(NameOID.ORGANIZATION_NAME, "pgcarve"),
+        x509.NameAttribute(NameOID.COMMON_NAME, common_name or f"pgcarve fleet CA {secrets.token_hex(4)}"),
+    ])
+    start = _now(now) - CLOCK_SKEW
+    public = key.public_key()
+    cert = (
+        x509.CertificateBuilder()
+        .subject_name(name)
+        .issuer_name(name)
+        .public_key(public)
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(start)
+        .not_valid_after(start + CA_VALIDITY)
+        .add_extension(x509.BasicConstraints(ca=True, path_length=0), critical=True)
+        .add_extension(x509.KeyUsage(digital_signature=True, content_commitment=False, key_encipherment=False,
+                                     data_encipherment=False, key_agreement=False, key_cert_sign=True,
+                                     crl_sign=True, encipher_only=False, decipher_only=False), critical=True)
+        .add_extension(x509.SubjectKeyIdentifier.from_public_key(public), critical=False)
+        .sign(key, hashes.SHA256())
+    )
+    return KeyAndCertificate(_key_pem(key), cert.public_bytes(serialization.Encoding.PEM))
+
+
+def check_names(dns_names: Sequence[str], ip_addresses: Sequence[str]) -> tuple[list[str], list[str]]:
+    """The names as they go into a certificate; ConfigError naming the first that is not a host
+    name or an IP address, or if there are none at all."""
+    dns, ips = [], []
+    for name in dns_names:
+        if not isinstance(name, str) or not DNS_NAME.match(name) or name.replace(".", "").isdigit():
+            raise ConfigError(f"{name!r} is not a DNS host name (letters, digits, '-' and '.'), "
+                              "so it cannot go into a certificate")
+        dns.append(name.rstrip(".").lower())
+    for address in ip_addresses:
+        try:
+            ips.append(str(ipaddress.ip_address(address)))
+        except ValueError:
+            raise ConfigError(f"{address!r} is not an IP address, so it cannot go into a certificate") from None
+    if not dns and not ips:
+        raise ConfigError("a server certificate needs at least one DNS name or IP address")
+    return list(dict.fromkeys(dns)), list(dict.fromkeys(ips))
+
+
+def _load_ca(ca: KeyAndCertificate) -> tuple[SigningKey, x509.Certificate]:
+    key = serialization.load_pem_private_key(ca.key_pem, password=None)
+    if not isinstance(key, ec.EllipticCurvePrivateKey | rsa.RSAPrivateKey):
+        raise ConfigError(f"the CA key is a {type(key).__name__}; an ECDSA or RSA key is needed")
+    return key, x509.load_pem_x509_certificate(ca.cert_pem)
+
+
+def issue_server_certificate(ca: KeyAndCertificate, dns_names: Sequence[str] = (),
+                             ip_addresses: Sequence[str] = (), validity: dt.timedelta = SERVER_VALIDITY,
+                             now: dt.datetime | None = None) -> KeyAndCertificate:
+    """A new key and a server certificate (serverAuth) signed by `ca`, for exactly these DNS
+    names and IP addresses (subjectAltName; the first also names the subject)."""
+    dns, ips = check_names(dns_names, ip_addresses)
+    ca_key, ca_cert = _load_ca(ca)
+    key = _new_key()
+    public = key.public_key()
+    start = _now(now) - CLOCK_SKEW
+    not_after = min(start + validity, ca_cert.not_valid_after_utc)  # never outlive the CA
+    sans: list[x509.GeneralName] = [x509.DNSName(n) for n in dns]
+    sans += [x509.IPAddress(ipaddress.ip_address(a)) for a in ips]
+    ca_ski = ca_cert.extensions.get_extension_for_class(x509.SubjectKeyIdentifier).value
+    cert = (
+        x509.CertificateBuilder()
+        .subject_name(x509.Name([x509.NameAttribute(NameOID.ORGANIZATION_NAME, "pgcarve"),
+                                 x509.NameAttribute(NameOID.COMMON_NAME, (dns or ips)[0])]))
+        .issuer_name(ca_cert.subject)
+        .public_key(public)
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(start)
+        .not_valid_after(not_after)
+        .add_extension(x509.SubjectAlternativeName(sans), critical=False)
+        .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
+        .add_extension(x509.KeyUsage(digital_signature=True, content_commitment=False, key_encipherment=False,
+                                     data_encipherment=False, key_agreement=False, key_cert_sign=False,
+                                     crl_sign=False, encipher_only=False, decipher_only=False), critical=True)
+        .add_extension(x509.ExtendedKeyUsage([ExtendedKeyUsageOID.SERVER_AUTH]), critical=False)
+        .add_extension(x509.SubjectKeyIdentifier.from_public_key(public), critical=False)
+        .add_extension(x509.AuthorityKeyIdentifier.from_issuer_subject_key_identifier(ca_ski), critical=False)
+        .sign(ca_key, hashes.SHA256())
+    )
+    return KeyAndCertificate(_key_pem(key), cert.public_bytes(serialization.Encoding.PEM))
+
+
+def certificate_names(cert_pem: bytes) -> tuple[list[str], list[str]]:
+    """(DNS names, IP addresses) a certificate's subjectAltName lists."""
+    cert = x509.load_pem_x509_certificate(cert_pem)
+    try:
+        san = cert.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
+    except x509.ExtensionNotFound:
+        return [], []
+    return san.get_values_for_type(x509.DNSName), [str(a) for a in san.get_values_for_type(x509.IPAddress)]
+
+
+def _same_public_key(key: SigningKey, cert: x509.Certificate) -> bool:
+    der = serialization.Encoding.DER
+    spki = serialization.PublicFormat.SubjectPublicKeyInfo
+    return key.public_key().public_bytes(der, spki) == cert.public_key().public_bytes(der, spki)
+
+
+def _write_private(path: Path, data: bytes) -> None:
+    """Write a file that is 0600 from its creation (a permissive umask cannot widen it)."""
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp.unlink(missing_ok=True)
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with os.fdopen(fd, "wb") as fh:
+        fh.write(data)
+        fh.flush()
+        os.fsync(fh.fileno())
+    tmp.replace(path)
+
+
+def _write_public(path: Path, data: bytes) -> None:
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp.write_bytes(data)
+    tmp.chmod(0o644)
+    tmp.replace(path)
+
+
+def check_private_file(path: Path, what: str) -> None:
+    """ConfigError if a private key file can be read or written by group or others."""
+    mode = path.stat().st_mode & 0o777
+    if mode & 0o077:
+        raise ConfigError(f"{what} {path} has mode {mode:04o}: group or others can read or write it. "
+                          f"Run `chmod 600 {path}` (and consider whether someone copied it); pgcarve will "
+                          "not use a private key others can read")
+
+
+class FleetCA:
+    """The fleet CA's files in one directory (`<state>/tls`), and the certificates it writes."""
+
+    def __init__(self, directory: Path):
+        self.directory = directory
+
+    @property
+    def key_file(self) -> Path:
+        return self.directory / "ca.key"
+
+    @property
+    def cert_file(self) -> Path:
+        return self.directory / "ca.pem"
+
+    @contextlib.contextmanager
+    def _locked(self) -> Iterator[None]:
+        """Held while the CA is created, so two processes starting at once make one CA."""
+        self.directory.mkdir(parents=True, exist_ok=True, mode=0o755)
+        fd = os.open(self.directory / ".lock", os.O_RDWR | os.O_CREAT, 0o600)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+            yield
+        finally:
+            os.close(fd)
+
+    def ensure(self) -> KeyAndCertificate:
+        """The CA's key and certificate: read from the directory, or made there on first use.
+        ConfigError if the key file is readable by others, or the pair is incomplete or mismatched."""
+        if self.key_file.exists() and self.cert_file.exists():
+            return self._load()
+        with self._locked():
+            has_key, has_cert = self.key_file.exists(), self.cert_file.exists()
+            if has_key != has_cert:
+                present, absent = (self.key_file, self.cert_file) if has_key else (self.cert_file, self.key_file)
+                raise ConfigError(
+                    f"the fleet CA in {self.directory} is incomplete: {present} exists but {absent} does not. "
+                    f"Restore {absent.name} from a backup, or move {present.name} away to make a new CA "
+                    "(every certificate the old one issued must then be issued again)")
+            if not has_key:
+                ca = new_ca()
+                _write_private(self.key_file, ca.key_pem)
+                _write_public(self.cert_file, ca.cert_pem)
+        return self._load()
+
+    def _load(self) -> KeyAndCertificate:
+        check_private_file(self.key_file, "the fleet CA's private key")
+        ca = KeyAndCertificate(self.key_file.read_bytes(), self.cert_file.read_bytes())
+        try:
+            key, cert = _load_ca(ca)
+        except ValueError as exc:
+            raise ConfigError(f"the fleet CA in {self.directory} cannot be read ({exc}); "
+                              f"{self.key_file.name} must be an unencrypted PEM private key and "
+                              f"{self.cert_file.name} a PEM certificate") from None
+        if not _same_public_key(key, cert):
+            raise ConfigError(f"{self.cert_file} is not the certificate of the key in {self.key_file}: "
+                              "restore the pair from a backup")
+        return ca
+
+    def certificate_pem(self) -> bytes:
+        """The CA certificate, what clients verify servers with (made on first use)."""
+        return self.ensure().cert_pem
+
+    def issue_server_certificate(self, dns_names: Sequence[str] = (),
+                                 ip_addresses: Sequence[str] = ()) -> KeyAndCertificate:
+        return issue_server_certificate(self.ensure(), dns_names, ip_addresses)
+
+    def write_server_certificate(self, name: str, issued: KeyAndCertificate) -> tuple[Path, Path]:
+        """Write `issued` as `<name>.pem` and `<name>.key` (0600) beside the CA; their paths."""
+        if not re.fullmatch(r"[a-z0-9][a-z0-9_-]{0,63}", name):
+            raise ConfigError(f"{name!r} is not a certificate file name (lower-case letters, digits, '-', '_')")
+        self.directory.mkdir(parents=True, exist_ok=True, mode=0o755)
+        cert_file, key_file = self.directory / f"{name}.pem", self.directory / f"{name}.key"
+        _write_private(key_file, issued.key_pem)
+        _write_public(cert_file, issued.cert_pem)
+        return cert_file, key_file
