@@ -133,7 +133,7 @@ def carve_env() -> Iterator[CarveEnv]:
         pytest.skip("integration tests need root (network namespaces, libvirtd)")
     if not (image_dir() / "inputs.sha256").exists():
         pytest.fail(f"no guest image in {image_dir()}: run `make image` first (make test does)")
-    paths = Paths(IT_STATE)
+    paths = Paths(IT_STATE, image_dir())
     sandbox = Sandbox(paths.sandbox_dir)
     sandbox.down()  # a crashed earlier run may have left one
     for stale in ("operations.json", "server.json"):

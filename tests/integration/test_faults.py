@@ -32,7 +32,6 @@ from pgcarve.postgres.session import CLIENT_DATABASE
 from pgcarve.sandbox.faults import SandboxFaults
 from psycopg.conninfo import make_conninfo
 
-from tests.conftest import image_dir
 from tests.integration.conftest import IT_STATE, TOKEN, CarveEnv, wait_for, wait_operation
 from tests.integration.writer import AckedWriter
 from tests.support.prometheus import prometheus_watching
@@ -225,12 +224,10 @@ def test_standbys_killed_writes_wait_then_standbys_come_back(carve_env: CarveEnv
     check_nothing_lost(fleet, writer)
 
 
-def test_disk_full_during_scale_up_leaves_nothing(carve_env: CarveEnv, fleet: Fleet,
-                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+def test_disk_full_during_scale_up_leaves_nothing(carve_env: CarveEnv, fleet: Fleet) -> None:
     """h0's pool on a small tmpfs: first refused up front (free space below the reserve), then,
     with no reserve, the new guest's disk fills while it boots. Both fail with an error that says
     so, and leave no guest and no volume of pgc-02 behind."""
-    monkeypatch.setenv("PGCARVE_IMAGE_DIR", str(image_dir()))  # this process builds the guests
     sandbox = carve_env.sandbox
     path = "/var/lib/libvirt/pgcsmall"
     SandboxFaults(sandbox).run_in_host("h0", ["mkdir", "-p", path])

@@ -36,6 +36,8 @@ from pgcarve.sandbox.hosts import REQUIRED_TOOLS, Sandbox
 from pgcarve.settings import Paths
 from pgcarve.virt.domain_xml import Disk, DomainSpec, InstanceMetadata, Nic
 
+from tests.conftest import image_dir
+
 pytestmark = pytest.mark.integration
 
 REPO = Path(__file__).resolve().parents[2]
@@ -89,7 +91,7 @@ class World:
 
 @pytest.fixture(scope="module")
 def world(tmp_path_factory: pytest.TempPathFactory) -> Iterator[World]:
-    paths = Paths(STATE_DIR)
+    paths = Paths(STATE_DIR, image_dir())
     sandbox = Sandbox(paths.sandbox_dir)
     # Start clean: a run killed half-way leaves its sandbox (ours alone: own state directory).
     sandbox.down()

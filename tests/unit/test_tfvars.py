@@ -58,7 +58,6 @@ def image_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     for name in ("base.qcow2", "vmlinuz", "initrd.img"):
         (directory / name).write_bytes(b"not really " + name.encode())
     (directory / "inputs.sha256").write_text(IMAGE_HASH + "\n")
-    monkeypatch.setenv("PGCARVE_IMAGE_DIR", str(directory))
     return directory
 
 
