@@ -158,6 +158,7 @@ def measure_get(app: Any, path: str, requests: int, expect: int, transport: str)
 
     latencies: list[float] = []
     size = 0
+    wall = 0.0
 
     def loop(get: Callable[[str], Any]) -> None:
         nonlocal size
@@ -168,12 +169,15 @@ def measure_get(app: Any, path: str, requests: int, expect: int, transport: str)
         size = len(first.content)
         for _ in range(20):
             get(path)
+        nonlocal wall
+        start = time.perf_counter()
         for _ in range(requests):
             t = time.perf_counter()
             resp = get(path)
             latencies.append((time.perf_counter() - t) * 1000)
             if resp.status_code != 200:
                 raise PgcarveError(f"GET {path} returned {resp.status_code}")
+        wall = time.perf_counter() - start
 
     if transport == "testclient":
         with warnings.catch_warnings():
@@ -201,7 +205,8 @@ def measure_get(app: Any, path: str, requests: int, expect: int, transport: str)
         finally:
             server.should_exit = True
             thread.join(15)
-    return {"transport": transport, "path": path, "response_bytes": size, **summarize_ms(latencies),
+    return {"transport": transport, "path": path, "response_bytes": size, "wall_s": round(wall, 2),
+            **summarize_ms(latencies),
             "samples_ms": [round(x, 3) for x in latencies]}
 
 

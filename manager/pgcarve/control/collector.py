@@ -163,6 +163,7 @@ class Collector:
         self._links: dict[str, _Link] = {}
         self._errors: dict[str, str] = {}
         self._round = asyncio.Lock()
+        self.rounds = 0  # poll rounds finished: what a round changed is new after this grows
 
     def last_errors(self) -> Mapping[str, str]:
         """Per instance, the last poll error in operator words; cleared by a successful poll."""
@@ -232,6 +233,7 @@ class Collector:
                     except Exception:
                         # A broken exporter must not stop the collection.
                         log.exception("on_sample hook failed for %s", target.instance)
+            self.rounds += 1
             return self.tracker.record()
 
     async def run(self, stop: asyncio.Event) -> None:

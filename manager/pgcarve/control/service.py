@@ -58,6 +58,7 @@ class ManagerService:
         self.refresh_s = refresh_s
         self._view = FleetView(instances=(), observed_at=0.0)
         self._view_lock = threading.Lock()
+        self._docs: tuple[tuple[object, ...], list[dict[str, Any]]] | None = None
         self._refresh_wanted = threading.Event()
         self._stop = threading.Event()
         self._refresher = threading.Thread(target=self._refresh_loop, name="pgcarve-refresh", daemon=True)
@@ -158,7 +159,21 @@ class ManagerService:
         return self.collector.replication(instance) if self.collector else []
 
     def instance_docs(self) -> list[dict[str, Any]]:
-        return [self._instance_doc(inst) for inst in self.view.instances]
+        """Every instance's document. Built once per change of what they are made of (a view
+        refresh, a collector round, an incident) and shared by every read until then: the same
+        list object while nothing changed, so callers may cache what they derive from it."""
+        key = self._docs_key()
+        cached = self._docs
+        if cached is not None and cached[0] == key:
+            return cached[1]
+        docs = [self._instance_doc(inst) for inst in self.view.instances]
+        self._docs = (key, docs)
+        return docs
+
+    def _docs_key(self) -> tuple[object, ...]:
+        incidents = self.supervisor.incidents() if self.supervisor else []
+        return (self.view, self.collector.rounds if self.collector else None,
+                tuple((i.id, i.status, i.message) for i in incidents))
 
     def instance_doc(self, name: str) -> dict[str, Any]:
         for inst in self.view.instances:
