@@ -113,6 +113,24 @@ class InstanceRateOut(BaseModel):
     replay_lag_bytes: int | None
 
 
+class WaitsOut(BaseModel):
+    """What an instance's client sessions waited on, sampled from its primary's pg_stat_activity
+    (GET /v1/instances/{name}/waits)."""
+
+    instance: str
+    window_s: float = Field(description="the samples of the last window_s seconds")
+    samples: int = Field(description="samples of pg_stat_activity in the window")
+    sessions: int = Field(description="client sessions seen, summed over the samples")
+    shares: dict[str, float] = Field(
+        description="fraction of the sessions seen in each category: SyncRep (a commit waits for its synchronous "
+                    "standby), WAL write, WAL insert, other LWLocks, IPC, lock, IO, client (waiting for the "
+                    "client), CPU (running), other")
+    meaning: dict[str, str] = Field(description="what each category counts")
+    dominant: str | None = Field(description="the category with the largest share (null: nothing sampled)")
+    summary: str
+    error: str | None = Field(description="why the last sample failed, if it did")
+
+
 class TpsOut(BaseModel):
     aggregate_tps: float = Field(description="client transactions per second, summed over the primaries "
                                  "(autovacuum and pgcarve's own sessions excluded)")

@@ -16,6 +16,7 @@ class Settings(ManagerSettings):
     refresh_s: float = 2.0
     collect: bool = True
     collect_interval_s: float = 1.0
+    waits_hz: float = 5.0  # PGCARVE_WAITS_HZ: samples of each primary's waits per second (0: none)
     supervise: bool = True  # PGCARVE_SUPERVISE=0: no HA loop (faults are neither noticed nor repaired)
     max_body_bytes: int = 64 * 1024
     # PGCARVE_ALLOWED_HOSTS: more names or addresses clients may use in the Host header, comma-separated,

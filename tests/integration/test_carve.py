@@ -186,6 +186,22 @@ def test_api_aggregate_tps_matches_pgbench(carve_env: CarveEnv) -> None:
     fleet.close()
 
 
+def test_waits_show_commits_waiting_for_their_standby(carve_env: CarveEnv) -> None:
+    """GET /v1/instances/{name}/waits while the experiment's insert load runs: the live sampler
+    sees the client sessions, and commits waiting for the synchronous standby among them."""
+    fleet = fleet_of(carve_env)
+    primary = fleet.instance("pgc-01").primary
+    assert primary is not None
+    run_pgbench(primary.name, primary.endpoint, fleet.credentials.admin_password, 4, 2, 8)
+    with carve_env.client() as client:
+        waits = client.get("/v1/instances/pgc-01/waits").json()
+        assert client.get("/v1/instances/pgc-99/waits").status_code == 404
+    print(f"pgc-01 waits: {waits['summary']}; shares {waits['shares']}")
+    assert waits["error"] is None and waits["samples"] > 0 and waits["sessions"] > 0
+    assert waits["shares"]["SyncRep"] > 0, "no sampled commit waited for the synchronous standby"
+    fleet.close()
+
+
 def test_scale_down_to_one_keeps_committed_rows(carve_env: CarveEnv) -> None:
     fleet = fleet_of(carve_env)
     kept = fleet.instance("pgc-01")

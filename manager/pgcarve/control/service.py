@@ -24,6 +24,7 @@ from pgcarve.control.rates import RateTracker, Snapshot
 from pgcarve.control.removal import discard_half_made
 from pgcarve.control.scaler import Scaler
 from pgcarve.control.supervisor import Incident, Supervisor
+from pgcarve.control.waits import WaitBreakdown, WaitSampler, breakdown_of
 from pgcarve.errors import CapacityError, ConfigError, NotFound, PgcarveError
 from pgcarve.naming import application_name
 from pgcarve.planning.planner import explain, plan_host, plan_to_dict
@@ -46,7 +47,10 @@ class FleetView:
 
 class ManagerService:
     def __init__(self, config: FleetConfig, paths: Paths, refresh_s: float = 2.0, collect: bool = True,
-                 collect_interval_s: float = 1.0, supervise: bool = True, boot_timeout_s: float = 600.0):
+                 collect_interval_s: float = 1.0, supervise: bool = True, boot_timeout_s: float = 600.0,
+                 waits_hz: float = 5.0):
+        """`waits_hz`: how often each primary's client sessions are sampled for what they wait on
+        (control/waits.py; 0: never). Nothing is polled unless `collect`."""
         self.config = config
         self.paths = paths
         self.fleet = Fleet(config, paths, boot_timeout_s=boot_timeout_s)
@@ -55,6 +59,7 @@ class ManagerService:
         self.operations = OperationQueue(self._run_operation, journal=paths.state_dir / "operations.json")
         self.tracker = RateTracker(history_seconds=3600)
         self.collector = Collector(self._targets, self.tracker, interval_s=collect_interval_s) if collect else None
+        self.waits = WaitSampler(self._targets, rate_hz=waits_hz) if collect and waits_hz > 0 else None
         self.refresh_s = refresh_s
         self._view = FleetView(instances=(), observed_at=0.0)
         self._view_lock = threading.Lock()
@@ -95,7 +100,7 @@ class ManagerService:
         if self.collector is None:
             return
         try:
-            await self.collector.run(stop)
+            await asyncio.gather(self.collector.run(stop), *([self.waits.run(stop)] if self.waits else []))
         finally:
             await self.collector.aclose()
 
@@ -226,6 +231,17 @@ class ManagerService:
             return "accepted"
         return (f"waiting: {waiting} commit(s) wait for a synchronous standby; {len(synced)} of "
                 f"{self.config.replication.sync_count} connected as sync; commits resume when one confirms (RPO 0)")
+
+    def instance_waits(self, name: str) -> WaitBreakdown:
+        """What the instance's client sessions waited on over the sampler's window."""
+        if not any(inst.name == name for inst in self.view.instances):
+            raise NotFound(f"no instance named {name!r}")
+        found = self.waits.breakdown(name) if self.waits else None
+        if found is not None:
+            return found
+        if self.waits is None:
+            return breakdown_of(name, [], 0.0, error="sampling is off (PGCARVE_WAITS_HZ=0, or no collector)")
+        return breakdown_of(name, [], self.waits.window_s, error="the primary has no address yet")
 
     def incidents(self) -> list[Incident]:
         return self.supervisor.incidents() if self.supervisor else []

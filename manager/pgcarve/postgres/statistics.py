@@ -187,3 +187,72 @@ def _standbys(rows: Any) -> tuple[StandbyState, ...]:
         )
         for r in rows
     )
+
+
+# -- what client sessions wait on ---------------------------------------------------------------
+
+# The categories a sampled client session falls in, in the order reports list them. The experiment's
+# symptom was commits waiting for the synchronous standby (SyncRep) while CPUs sat idle.
+WAIT_CATEGORIES = ("SyncRep", "WAL write", "WAL insert", "other LWLocks", "IPC", "lock", "IO", "client", "CPU",
+                   "other")
+WAIT_MEANING = {
+    "SyncRep": "a commit waits for its synchronous standby (IPC SyncRep)",
+    "WAL write": "writing or flushing WAL (LWLock WALWrite, IO WAL*)",
+    "WAL insert": "inserting into the WAL buffers (LWLock WALInsert, WALBufMapping)",
+    "other LWLocks": "any other lightweight lock (ProcArray, XactSLRU, buffer mapping, ...)",
+    "IPC": "waiting on another process, other than for the standby",
+    "lock": "a heavyweight lock (row, relation, transaction id)",
+    "IO": "data file reads and writes",
+    "client": "waiting for the client: its next statement, or sending it results (Client*)",
+    "CPU": "running, no wait event",
+    "other": "timeouts, buffer pins, extensions",
+}
+_WAL_INSERT_LOCKS = frozenset({"WALInsert", "WALBufMapping"})
+
+# Client sessions only: not pgcarve's own (its database, or the sessions named in `exclude`), not
+# the statement's own backend. pg_stat_activity is one snapshot per transaction: one statement,
+# one sample.
+_WAITS = sql.SQL(
+    "SELECT a.state, a.wait_event_type, a.wait_event, pg_catalog.count(*)::int AS sessions"
+    " FROM pg_catalog.pg_stat_activity a"
+    " WHERE a.backend_type = 'client backend' AND a.pid <> pg_catalog.pg_backend_pid()"
+    " AND a.datname IS DISTINCT FROM {manager}"
+    " AND NOT (a.application_name = ANY ({exclude}))"
+    " GROUP BY 1, 2, 3"
+)
+
+
+def waits_statement() -> sql.Composed:
+    """One sample of what client sessions wait on; takes one parameter, ``exclude``: the
+    application names of sessions to leave out (pgcarve's samplers and collector). Rows:
+    (state, wait_event_type, wait_event, sessions)."""
+    return sql.Composed([sql.SQL("/* pgcarve-waits */ "), _WAITS.format(manager=sql.Literal(MANAGER_DATABASE),
+                                                exclude=sql.SQL("{}::text[]").format(sql.Placeholder("exclude")))])
+
+
+def wait_category(state: str | None, wait_type: str | None, wait_event: str | None) -> str:
+    """The WAIT_CATEGORIES entry of one pg_stat_activity row."""
+    if wait_type is None:
+        return "CPU" if state == "active" else "client"
+    if wait_type == "IPC":
+        return "SyncRep" if wait_event == "SyncRep" else "IPC"
+    if wait_type == "LWLock":
+        if wait_event == "WALWrite":
+            return "WAL write"
+        return "WAL insert" if wait_event in _WAL_INSERT_LOCKS else "other LWLocks"
+    if wait_type == "IO":
+        return "WAL write" if (wait_event or "").startswith("WAL") else "IO"
+    if wait_type == "Client":
+        return "client"
+    if wait_type == "Lock":
+        return "lock"
+    return "other"
+
+
+def wait_counts(rows: Any) -> dict[str, int]:
+    """Sessions per category in one sample's rows (waits_statement)."""
+    counts: dict[str, int] = {}
+    for state, wait_type, wait_event, sessions in rows:
+        category = wait_category(state, wait_type, wait_event)
+        counts[category] = counts.get(category, 0) + int(sessions)
+    return counts
