@@ -109,7 +109,7 @@ def testdriver_config(hosts: int, uri: str, fleet: str = BENCH_FLEET) -> FleetCo
     return FleetConfig(
         fleet=fleet,
         domain_type="qemu",
-        instance=InstanceSize(vcpus=1, memory_mib=4096, housekeeping_cpus=None, hugepages=False, disk_gib=8,
+        instance=InstanceSize(vcpus=1, memory_mib=4096, housekeeping_cpus=None, hugepages=False, clusters=1, disk_gib=8,
                               disk_reserve_mib=0),
         replication=Replication(standbys=0, sync_mode="FIRST", sync_count=1, synchronous_commit="remote_write"),
         hosts=[HostConfig(name=f"db{i + 1}", uri=uri, role="primary", pool="pgcarve",

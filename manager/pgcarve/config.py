@@ -29,6 +29,12 @@ class InstanceSize(BaseModel):
         None, ge=0, description="host CPUs kept for emulator threads; null = auto (1 core/socket on >= 8 CPUs)"
     )
     hugepages: bool = Field(False, description="back guest memory with 2 MiB hugepages")
+    clusters: int = Field(
+        1, ge=1, le=16,
+        description="PostgreSQL clusters in each guest, on ports 5432 and up, each replicating to the same "
+                    "cluster of its standbys (the benchmark's multi-instance case); the API and the manager "
+                    "see only the first",
+    )
     disk_gib: int = Field(8, ge=2, le=16384, description="virtual size of each guest's disk")
     disk_reserve_mib: int = Field(
         1024, ge=0, le=16 * 1024 * 1024,

@@ -80,6 +80,7 @@ class Provisioner:
             allowed_cidrs=tuple(config.allowed_cidrs),
             synchronous_commit=config.replication.synchronous_commit,
             synchronous_standby_names=self.sync_names(standby_names),
+            clusters=config.instance.clusters,
         )
 
     # -- one guest ---------------------------------------------------------------------------

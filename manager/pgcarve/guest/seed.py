@@ -29,6 +29,7 @@ from pgcarve.naming import slot_name
 
 INSTANCE_NAME_RE = re.compile(r"^[a-z][a-z0-9-]{0,62}$")
 SCRAM_ITERATIONS = 4096
+MAX_CLUSTERS = 16  # as images/rootfs/usr/local/sbin/pgcarve-clusters accepts
 Role = Literal["primary", "standby"]
 
 
@@ -58,6 +59,9 @@ class GuestSeed:
     synchronous_standby_names: str = ""
     primary_host: str | None = None  # standbys: the primary's address
     extra_hosts: dict[str, str] = field(default_factory=dict)
+    # PostgreSQL clusters in the guest, on ports 5432.. (the benchmark's multi-instance case; the
+    # image's pgcarve-clusters makes the ones beyond the first).
+    clusters: int = 1
 
     def __post_init__(self) -> None:
         if not INSTANCE_NAME_RE.fullmatch(self.name):
@@ -71,6 +75,8 @@ class GuestSeed:
             if self.primary_host is None:
                 raise ConfigError(f"standby {self.name} needs its primary's address")
             check_address(self.primary_host)
+        if not 1 <= self.clusters <= MAX_CLUSTERS:
+            raise ConfigError(f"{self.name}: clusters must be 1..{MAX_CLUSTERS}, not {self.clusters}")
 
     def instance_json(self) -> dict[str, object]:
         creds = self.credentials
@@ -83,6 +89,8 @@ class GuestSeed:
             "synchronous_commit": self.synchronous_commit,
             "synchronous_standby_names": self.synchronous_standby_names,
         }
+        if self.clusters > 1:  # absent means one: seeds of ordinary guests stay as they were
+            doc["clusters"] = self.clusters
         if self.role == "standby":
             doc["primary_host"] = self.primary_host
             doc["replication_password"] = creds.replication_password
