@@ -11,7 +11,8 @@ separately still end up in one summary):
   path with only the guest-side waits stubbed (tests/support/testdriver.py).
 * ``scale-out`` (boots guests): ``PUT /v1/scale`` until every new primary accepts writes with a
   streaming synchronous standby, split into control-plane time and guest boot.
-* the experiment's cases ``carved``, ``single``, ``multi-process``, ``no-replica`` (boot guests):
+* the experiment's cases ``carved``, ``single``, ``multi-instance``, ``no-replica`` (boot guests;
+  ``multi-process``, the older approximation of multi-instance, only when named):
   the insert-only pgbench load of ``../shared/seeds``, aggregate and per-instance TPS, latency
   percentiles from pgbench's per-transaction log, host and guest CPU user/system split, versions
   and a plain verdict.
@@ -37,6 +38,7 @@ from bench.experiment import ExperimentParams, experiment
 from bench.harness import (
     ALL_CASES,
     CONTROL_PLANE,
+    DEFAULT_CASES,
     DEFAULT_OUT,
     DEFAULT_STATE,
     EXPERIMENT_CASES,
@@ -56,8 +58,8 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
                         help="smoke: minutes, proves the harness; small: this 2-CPU machine (default); "
                              "full: the experiment's sizes on real hosts (--hosts-file)")
     parser.add_argument("--out", type=Path, default=DEFAULT_OUT, help="results directory (default bench/results)")
-    parser.add_argument("--cases", nargs="+", choices=ALL_CASES, default=list(ALL_CASES), metavar="CASE",
-                        help=f"any of {', '.join(ALL_CASES)} (default: all)")
+    parser.add_argument("--cases", nargs="+", choices=ALL_CASES, default=list(DEFAULT_CASES), metavar="CASE",
+                        help=f"any of {', '.join(ALL_CASES)} (default: all but multi-process)")
     parser.add_argument("--state", type=Path, default=DEFAULT_STATE,
                         help="state directory for the sandbox and secrets (default /var/tmp/pgcarve-bench)")
     parser.add_argument("--hosts-file", type=Path, default=None,
@@ -77,7 +79,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     g.add_argument("--vcpus", type=int, help="V: vCPUs per carved guest (the single guest gets N x V); default 1 "
                    "in the sandbox, instance.vcpus of the hosts file on real hosts")
     g.add_argument("--clients-per-instance", action="store_true",
-                   help="every carved instance / multi-process table gets --clients (default: split them)")
+                   help="every carved instance / cluster / table gets --clients (default: split them)")
     g.add_argument("--pg-setting", action="append", default=[], metavar="NAME=VALUE",
                    help="postgresql.conf setting applied with ALTER SYSTEM before each case (repeatable; "
                         "settings that need a restart are reported, not applied)")

@@ -1,6 +1,6 @@
-"""The experiment's cases (boot guests): carved, single, multi-process and no-replica on fresh
-guests, the insert-only pgbench load of ../shared/seeds on each, and a plain verdict. Writes
-experiment.json (and .png)."""
+"""The experiment's cases (boot guests): carved, single, multi-instance, no-replica (and the older
+multi-process approximation) on fresh guests, the insert-only pgbench load of ../shared/seeds on
+each, and a plain verdict. Writes experiment.json (and .png)."""
 
 from __future__ import annotations
 
@@ -26,6 +26,7 @@ from pgcarve.postgres.session import CLIENT_DATABASE
 from pgcarve.settings import Paths
 
 from bench.charts import chart_experiment, save_chart
+from bench.clusters import cluster_port, wait_clusters
 from bench.guests import guest_hosts, prepare_hosts, progress_logger, remove_all, with_size
 from bench.harness import NOISE_BAND, bench_fleet, finish, log, run_meta, write_json
 from bench.load import LoadTarget, apply_settings, guest_facts, run_load
@@ -56,26 +57,40 @@ CASE_DOC = {
     "carved": "N instances (N guests of V vCPUs), one primary per guest, each with its synchronous standby(s) "
               "on other hosts; clients split evenly over the N primaries",
     "single": "one instance whose guest has N x V vCPUs, with its synchronous standby(s); all clients on it",
+    "multi-instance": "N PostgreSQL clusters (Debian's pg_createcluster, ports 5432..) in one guest of N x V "
+                      "vCPUs - one kernel, as the experiment's four primaries on one host - each with its own "
+                      "synchronous standby cluster in the standby guests; clients split evenly over the N clusters",
     "multi-process": "APPROXIMATION: N concurrent pgbench runs, each on its own table, against the single "
                      "instance's one primary (one postmaster, one WAL stream, one walsender) - not N PostgreSQL "
-                     "clusters in one kernel as in the experiment; pgcarve cannot create extra clusters inside "
-                     "a guest",
+                     "clusters in one kernel as in the experiment (that is multi-instance)",
     "no-replica": "one instance with N x V vCPUs, replication.standbys 0 and synchronous_commit = local",
 }
 
 
 def run_case(case: str, fleet: Fleet, params: ExperimentParams, settings: dict[str, str],
              logdir: Path) -> dict[str, Any]:
-    primaries = [inst.primary for inst in fleet.observe() if inst.primary and inst.primary.endpoint]
+    instances = [inst for inst in fleet.observe() if inst.primary and inst.primary.endpoint]
+    primaries = [inst.primary for inst in instances if inst.primary]
     if not primaries:
         raise PgcarveError(f"{case}: no reachable primary")
     n = params.instances
+    extra: dict[str, Any] = {}
+    # Where settings go: every primary, or (multi-instance) every cluster of the one primary guest.
+    configured = {g.name: g for g in primaries}
 
     def clients_jobs(targets: int) -> tuple[int, int]:
         clients = params.per_target(params.clients, targets)
         return clients, min(params.per_target(params.threads, targets), clients)
 
-    if case == "multi-process":
+    if case == "multi-instance":
+        t = time.monotonic()
+        clusters = wait_clusters(fleet, primaries[0], n, [s.name for s in instances[0].standbys],
+                                 fleet.boot_timeout_s, lambda m: log(f"  {m}"))
+        extra = {"clusters": n, "clusters_ready_s": round(time.monotonic() - t, 1)}  # after "instance ready"
+        configured = {f"{g.name}:{cluster_port(k)}": g for k, g in enumerate(clusters, start=1)}
+        targets = [LoadTarget(g, f"{case}-{g.name}-port{cluster_port(k)}", INSERT_SCRIPT, *clients_jobs(n))
+                   for k, g in enumerate(clusters, start=1)]
+    elif case == "multi-process":
         guest = primaries[0]
         tables = [f"test{k}" for k in range(1, n + 1)]
         with fleet.connect(guest, database=CLIENT_DATABASE) as conn:
@@ -89,7 +104,7 @@ def run_case(case: str, fleet: Fleet, params: ExperimentParams, settings: dict[s
     else:
         targets = [LoadTarget(primaries[0], f"{case}-{primaries[0].name}", INSERT_SCRIPT, params.clients,
                               min(params.threads, params.clients))]
-    conf = {g.name: apply_settings(fleet, g, settings) for g in primaries}
+    conf = {key: apply_settings(fleet, g, settings) for key, g in configured.items()}
     log(f"{case}: pgbench on {len(targets)} target(s), {params.seconds} s")
     result = run_load(fleet, targets, params.seconds, params.sampling_rate, logdir)
     result.update({
@@ -101,6 +116,7 @@ def run_case(case: str, fleet: Fleet, params: ExperimentParams, settings: dict[s
         "guests": {g.name: {"host": g.info.host, "vcpus": len(g.info.vcpu_pins),
                             "host_cpus": list(g.host_cpus), "memory_mib": g.info.memory_mib} for g in primaries},
         "standbys": fleet.config.replication.standbys,
+        **extra,
     })
     log(f"{case}: {result['aggregate_tps']} TPS, p50 {result['latency_p50_ms']} ms, p99 {result['latency_p99_ms']} ms")
     return result
@@ -125,7 +141,7 @@ def instances_up(config: FleetConfig, paths: Paths, count: int, record: dict[str
 def verdict(results: dict[str, dict[str, Any]], domain_types: dict[str, str]) -> dict[str, Any]:
     out: dict[str, Any] = {}
     carved = results.get("carved", {}).get("aggregate_tps")
-    for other in ("single", "no-replica", "multi-process"):
+    for other in ("single", "no-replica", "multi-instance", "multi-process"):
         base = results.get(other, {}).get("aggregate_tps")
         if carved and base:
             out[f"carved_over_{other.replace('-', '_')}"] = round(carved / base, 3)
@@ -213,6 +229,9 @@ def experiment(out: Path | None, paths: Paths, cases: Sequence[str], params: Exp
             together = [c for c in ("single", "multi-process") if c in cases]
             if together:
                 plan.append((with_size(base, vcpus=v * params.instances, fleet=bench_fleet("s")), 1, together))
+            if "multi-instance" in cases:
+                plan.append((with_size(base, vcpus=v * params.instances, clusters=params.instances,
+                                       fleet=bench_fleet("m")), 1, ["multi-instance"]))
             if "no-replica" in cases:
                 plan.append((with_size(base, vcpus=v * params.instances, standbys=0, synchronous_commit="local",
                                        fleet=bench_fleet("n")), 1,

@@ -51,10 +51,10 @@ def guest_hosts(paths: Paths, hosts: int, hosts_file: Path | None, record: dict[
 
 def with_size(config: FleetConfig, vcpus: int | None = None, standbys: int | None = None,
               synchronous_commit: str | None = None, memory_mib: int | None = None,
-              fleet: str | None = None) -> FleetConfig:
-    """The same hosts with another instance size, replication or fleet name."""
-    instance = config.instance.model_copy(update={k: v for k, v in (("vcpus", vcpus), ("memory_mib", memory_mib))
-                                                  if v is not None})
+              fleet: str | None = None, clusters: int | None = None) -> FleetConfig:
+    """The same hosts with another instance size, PostgreSQL clusters per guest, replication or fleet name."""
+    instance = config.instance.model_copy(update={k: v for k, v in (("vcpus", vcpus), ("memory_mib", memory_mib),
+                                                                    ("clusters", clusters)) if v is not None})
     repl_update: dict[str, Any] = {}
     if standbys is not None:
         repl_update["standbys"] = standbys

@@ -194,6 +194,19 @@ def test_a_forward_from_an_older_pgcarve_is_not_signalled(tmp_path: Path,
     assert proc.poll() is None
 
 
+def test_removing_a_guests_forward_removes_its_forwards_to_further_ports(tmp_path: Path) -> None:
+    """Fleet.endpoint_at keeps one forward per further cluster ("NAME.pPORT"); they go with the guest,
+    and a guest whose name only starts with the same letters keeps its own."""
+    directory = tmp_path / "forwards"
+    directory.mkdir()
+    names = ("pgc-01", "pgc-01.p5433", "pgc-01.p5434", "pgc-01-s1", "pgc-01-s1.p5433")
+    for name in names:  # records without a start time: never signalled
+        (directory / f"{name}.json").write_text(json.dumps(
+            {"pid": 1, "port": 40000, "target": "10.77.0.12:5432", "netns": "/run/netns/x"}))
+    ForwardRegistry(directory).remove("pgc-01")
+    assert sorted(p.stem for p in directory.iterdir()) == ["pgc-01-s1", "pgc-01-s1.p5433"]
+
+
 def _fake_netns(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, sandbox: Sandbox) -> None:
     """Pretend host 0's network namespace is this test's own (a link to /proc/self/ns/net)."""
     netns_dir = tmp_path / "netns"

@@ -26,6 +26,8 @@ from pgcarve.sandbox.forward import ForwardRegistry
 from pgcarve.settings import Paths
 from pgcarve.virt.host import GuestInfo, LibvirtHost
 
+POSTGRES_PORT = 5432  # every guest's own cluster; further clusters (instance.clusters) listen above it
+
 Progress = Callable[[str, str, float], None]  # (guest name, what is happening, fraction done)
 
 
@@ -147,14 +149,24 @@ class Fleet:
         address = self.hosts[info.host].guest_address(info.name, host.network, info.mac)
         return Guest(info=info, address=address, endpoint=self._endpoint(host, info.name, address))
 
-    def _endpoint(self, host: HostConfig, name: str, address: str | None) -> tuple[str, int] | None:
+    def endpoint_at(self, guest: Guest, port: int) -> tuple[str, int] | None:
+        """How this machine reaches the PostgreSQL listening on `port` in a running guest: the
+        further clusters of a guest with instance.clusters > 1 (ports 5433 and up)."""
+        if guest.address is None:
+            return None
+        return self._endpoint(self.config.host(guest.info.host), guest.name, guest.address, port)
+
+    def _endpoint(self, host: HostConfig, name: str, address: str | None,
+                  port: int = POSTGRES_PORT) -> tuple[str, int] | None:
         if address is None:
             return None
         if host.reach == "direct":
-            return address, 5432
+            return address, port
         if host.netns is None:
             raise ConfigError(f"host {host.name}: reach: sandbox needs netns")
-        fwd = self.forwards.ensure(name, f"/run/netns/{host.netns}", f"{address}:5432")
+        # One forward per guest and port; removing the guest's forward removes them all (sandbox/forward.py).
+        key = name if port == POSTGRES_PORT else f"{name}.p{port}"
+        fwd = self.forwards.ensure(key, f"/run/netns/{host.netns}", f"{address}:{port}")
         return "127.0.0.1", fwd.port
 
     def dsn(self, endpoint: tuple[str, int], with_password: bool = False) -> str:

@@ -17,6 +17,7 @@ import argparse
 import asyncio
 import contextlib
 import ctypes
+import glob
 import logging
 import os
 import signal
@@ -190,18 +191,22 @@ class ForwardRegistry:
         return self.ensure(name, netns, target)
 
     def remove(self, name: str) -> None:
-        """Stop the guest's forward and forget it; a stale state file is only deleted."""
-        recorded = _load(self._file(name))
-        if recorded is not None:
-            status = stop(recorded.process)
-            if status.stale:
-                log.info("forward for %s: not signalled, %s", name, stale_reason(recorded.process, status))
-        self._file(name).unlink(missing_ok=True)
+        """Stop the guest's forward and its forwards to further ports ("NAME.pPORT", see
+        Fleet.endpoint_at) and forget them; a stale state file is only deleted."""
+        extra = sorted(p.name[:-len(".json")] for p in self.directory.glob(f"{glob.escape(name)}.p*.json")
+                       ) if self.directory.exists() else []
+        for key in (name, *extra):
+            recorded = _load(self._file(key))
+            if recorded is not None:
+                status = stop(recorded.process)
+                if status.stale:
+                    log.info("forward for %s: not signalled, %s", key, stale_reason(recorded.process, status))
+            self._file(key).unlink(missing_ok=True)
 
     def remove_all(self) -> None:
         if not self.directory.exists():
             return
-        for state in self.directory.glob("*.json"):
+        for state in sorted(self.directory.glob("*.json")):
             self.remove(state.stem)
 
 
