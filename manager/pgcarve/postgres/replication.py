@@ -121,3 +121,22 @@ def synchronous_standby(conn: Connection) -> list[str]:
     """application_name of the standbys PostgreSQL reports as synchronous now."""
     rows = conn.execute("select application_name from pg_stat_replication where sync_state = 'sync'").fetchall()
     return [str(r[0]) for r in rows]
+
+
+def current_wal_lsn(conn: Connection) -> int:
+    """The primary's current WAL write position."""
+    row = conn.execute("select pg_current_wal_lsn()::text").fetchone()
+    return lsn_value(row[0] if row else None)
+
+
+def show_synchronous_standby_names(conn: Connection) -> str:
+    row = conn.execute("select current_setting('synchronous_standby_names')").fetchone()
+    return str(row[0]) if row else ""
+
+
+def replica_rows(conn: Connection) -> list[tuple[str, str, str, int]]:
+    """(application_name, state, sync_state, write position) of every standby connected now."""
+    rows = conn.execute(
+        "select application_name, state, sync_state, coalesce(write_lsn, '0/0')::text from pg_stat_replication"
+    ).fetchall()
+    return [(str(r[0]), str(r[1] or ""), str(r[2] or ""), lsn_value(r[3])) for r in rows]
