@@ -9,12 +9,14 @@ removing instances is control/provisioning.py; deciding what to do is the scaler
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from pgcarve.config import FleetConfig, HostConfig
 from pgcarve.control.locks import InstanceLocks, PlannedStops
-from pgcarve.errors import ConfigError, GuestNotReady, NotFound
+from pgcarve.control.sync_record import SyncRecord, SyncRecords
+from pgcarve.errors import ConfigError, GuestNotReady, HostUnreachable, NotFound
 from pgcarve.guest.credentials import Credentials, load_credentials
 from pgcarve.guest.image import HostImages
 from pgcarve.guest.probe import DomainTypes
@@ -52,16 +54,31 @@ class Guest:
 
 @dataclass(frozen=True)
 class Instance:
-    """A primary and its standbys (an immutable snapshot)."""
+    """A primary and its standbys (an immutable snapshot).
+
+    ``stale`` are guests whose metadata still says primary while another is the instance's
+    recorded primary: a primary fenced or lost in a failover, to become a standby again (or go).
+    """
 
     index: int
     name: str
     primary: Guest | None
     standbys: tuple[Guest, ...]
+    stale: tuple[Guest, ...] = ()
 
     @property
     def guests(self) -> tuple[Guest, ...]:
-        return (*((self.primary,) if self.primary else ()), *self.standbys)
+        return (*((self.primary,) if self.primary else ()), *self.standbys, *self.stale)
+
+
+def _recorded_primary(members: list[GuestInfo], claimants: list[GuestInfo],
+                      record: SyncRecord | None) -> GuestInfo | None:
+    """The instance's primary: the member its synchronous-set record names (a failover writes the
+    record before it promotes or changes metadata). Without a record (an instance from before
+    records, or built by Terraform), the only or first guest whose metadata says primary."""
+    if record is None:
+        return claimants[0] if claimants else None
+    return next((g for g in members if g.name == record.primary), None)
 
 
 class Fleet:
@@ -84,8 +101,11 @@ class Fleet:
         self.domain_types = DomainTypes(config, self.hosts, self.images, paths.probe_cache)
         self.locks = InstanceLocks()
         self.planned_stops = PlannedStops()
+        self.sync_records = SyncRecords(paths.state_dir / "sync")
         self._credentials: Credentials | None = None
         self._topologies: dict[str, HostTopology] = {}
+        self._last_seen: dict[str, list[GuestInfo]] = {}
+        self._unreachable: dict[str, tuple[float, str]] = {}
         self._guard = threading.Lock()
 
     # -- facts -------------------------------------------------------------------------------
@@ -110,10 +130,27 @@ class Fleet:
     # -- observing ---------------------------------------------------------------------------
 
     def guests(self) -> list[GuestInfo]:
+        """Every guest of this fleet. A host whose libvirtd does not answer contributes the guests
+        last seen on it, in state "unreachable" (see unreachable_hosts())."""
         found: list[GuestInfo] = []
-        for host in self.hosts.values():
-            found.extend(host.guests(self.config.fleet))
+        for name, host in self.hosts.items():
+            try:
+                listed = host.guests(self.config.fleet)
+            except HostUnreachable as exc:
+                with self._guard:
+                    self._unreachable.setdefault(name, (time.time(), str(exc)))
+                    listed = [replace(g, state="unreachable") for g in self._last_seen.get(name, [])]
+            else:
+                with self._guard:
+                    self._last_seen[name] = listed
+                    self._unreachable.pop(name, None)
+            found.extend(listed)
         return found
+
+    def unreachable_hosts(self) -> dict[str, tuple[float, str]]:
+        """Hosts whose libvirtd did not answer at the last listing: since when (wall clock), and why."""
+        with self._guard:
+            return dict(self._unreachable)
 
     def observe(self, with_endpoints: bool = True) -> list[Instance]:
         """Every instance, rebuilt from libvirt metadata on every host (sorted by index)."""
@@ -123,13 +160,18 @@ class Fleet:
         instances = []
         for index in sorted(by_index):
             members = by_index[index]
-            primary = next((g for g in members if g.metadata.role == "primary"), None)
-            standbys = sorted((g for g in members if g.metadata.role == "standby"), key=lambda g: g.metadata.standby)
+            name = instance_name(self.config.fleet, index)
+            primaries = [g for g in members if g.metadata.role == "primary"]
+            primary = _recorded_primary(members, primaries, self.sync_records.get(name))
+            stale = [g for g in primaries if g is not primary]
+            standbys = sorted((g for g in members if g.metadata.role == "standby" and g is not primary),
+                              key=lambda g: g.metadata.standby)
             instances.append(Instance(
                 index=index,
-                name=instance_name(self.config.fleet, index),
+                name=name,
                 primary=self.reach(primary, with_endpoints) if primary else None,
                 standbys=tuple(self.reach(g, with_endpoints) for g in standbys),
+                stale=tuple(self.reach(g, with_endpoints) for g in stale),
             ))
         return instances
 

@@ -140,3 +140,16 @@ def replica_rows(conn: Connection) -> list[tuple[str, str, str, int]]:
         "select application_name, state, sync_state, coalesce(write_lsn, '0/0')::text from pg_stat_replication"
     ).fetchall()
     return [(str(r[0]), str(r[1] or ""), str(r[2] or ""), lsn_value(r[3])) for r in rows]
+
+
+def receiving(conn: Connection) -> bool:
+    """Does this standby's WAL receiver stream from a primary now?"""
+    row = conn.execute("select count(*) from pg_stat_wal_receiver where status = 'streaming'").fetchone()
+    return bool(row and row[0])
+
+
+def detach(conn: Connection) -> None:
+    """Stop a standby from streaming from anyone (its WAL receiver ends on reload); it stays a
+    standby, replaying nothing new, until pointed at a primary again."""
+    conn.execute("alter system set primary_conninfo = ''")
+    conn.execute("select pg_reload_conf()")
