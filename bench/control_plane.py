@@ -207,7 +207,7 @@ def measure_get(app: Any, path: str, requests: int, expect: int, transport: str)
 
 def seed_iso_ms(fleet: Fleet, repeat: int = 5) -> float:
     """p50 time of one seed ISO build (genisoimage), as Provisioner.create_guest does per guest."""
-    seed = Provisioner(fleet).primary_seed(instance_name(fleet.config.fleet, 1), [])
+    seed = Provisioner(fleet).primary_seed(instance_name(fleet.config.fleet, 1), None)
     times = []
     with tempfile.TemporaryDirectory(prefix="pgcarve-bench-seed-") as tmp:
         for k in range(repeat):

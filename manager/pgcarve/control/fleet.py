@@ -106,6 +106,7 @@ class Fleet:
         self._topologies: dict[str, HostTopology] = {}
         self._last_seen: dict[str, list[GuestInfo]] = {}
         self._unreachable: dict[str, tuple[float, str]] = {}
+        self._last_reach: dict[str, tuple[str | None, tuple[str, int] | None]] = {}
         self._guard = threading.Lock()
 
     # -- facts -------------------------------------------------------------------------------
@@ -182,12 +183,22 @@ class Fleet:
         raise NotFound(f"no instance named {name!r}")
 
     def reach(self, info: GuestInfo, with_endpoint: bool = True) -> Guest:
-        """The guest with its address and this machine's way to its PostgreSQL, when running."""
-        if not with_endpoint or info.state != "running":
+        """The guest with its address and this machine's way to its PostgreSQL, when running. A
+        guest on a host whose libvirtd does not answer keeps the address last seen: its
+        PostgreSQL may well still serve (only libvirtd down), which is worth asking before
+        calling the host lost."""
+        if not with_endpoint or info.state not in ("running", "unreachable"):
             return Guest(info=info, address=None, endpoint=None)
+        if info.state == "unreachable":
+            with self._guard:
+                address, endpoint = self._last_reach.get(info.name, (None, None))
+            return Guest(info=info, address=address, endpoint=endpoint)
         host = self.config.host(info.host)
         address = self.hosts[info.host].guest_address(info.name, host.network, info.mac)
-        return Guest(info=info, address=address, endpoint=self._endpoint(host, info.name, address))
+        endpoint = self._endpoint(host, info.name, address)
+        with self._guard:
+            self._last_reach[info.name] = (address, endpoint)
+        return Guest(info=info, address=address, endpoint=endpoint)
 
     def _endpoint(self, host: HostConfig, name: str, address: str | None) -> tuple[str, int] | None:
         if address is None:

@@ -35,6 +35,23 @@ class InstanceLocks:
                 with self._guard:
                     self._busy.pop(index, None)
 
+    @contextlib.contextmanager
+    def try_exclusive(self, index: int, doing: str) -> Iterator[bool]:
+        """Hold instance `index` if nobody does (yields True), else yield False at once."""
+        with self._guard:
+            lock = self._locks.setdefault(index, threading.Lock())
+        if not lock.acquire(blocking=False):
+            yield False
+            return
+        with self._guard:
+            self._busy[index] = doing
+        try:
+            yield True
+        finally:
+            with self._guard:
+                self._busy.pop(index, None)
+            lock.release()
+
     def busy(self, index: int) -> str | None:
         """What work holds instance `index` now, if any."""
         with self._guard:

@@ -20,6 +20,8 @@ from pgcarve.config import HostConfig
 from pgcarve.control.capacity import require_free_space
 from pgcarve.control.fleet import Fleet, Guest, Instance, Progress, no_progress
 from pgcarve.control.removal import discard_instance
+from pgcarve.control.sync import initial_record, names_for
+from pgcarve.control.sync_record import SyncRecord
 from pgcarve.errors import CapacityError, GuestNotReady
 from pgcarve.guest.seed import GuestSeed, write_seed_iso
 from pgcarve.naming import application_name, instance_name, slot_name, standby_name
@@ -65,22 +67,30 @@ class Provisioner:
             creating=creating,
         )
 
-    def sync_names(self, standby_names: list[str]) -> str:
-        """synchronous_standby_names for a primary whose standbys are these guests, in priority order."""
-        repl = self.fleet.config.replication
-        if not standby_names:
-            return ""
-        return replication.synchronous_standby_names(repl.sync_mode, min(repl.sync_count, len(standby_names)),
-                                                     standby_names)
-
-    def primary_seed(self, name: str, standby_names: list[str]) -> GuestSeed:
+    def primary_seed(self, name: str, record: SyncRecord | None) -> GuestSeed:
+        """The seed of a primary whose synchronous standbys are the record's (none: no record)."""
         config = self.fleet.config
         return GuestSeed(
             name=name, role="primary", credentials=self.fleet.credentials,
             allowed_cidrs=tuple(config.allowed_cidrs),
             synchronous_commit=config.replication.synchronous_commit,
-            synchronous_standby_names=self.sync_names(standby_names),
+            synchronous_standby_names=names_for(record) if record is not None else "",
+            fence_after_s=config.recovery.fence_after_s,
         )
+
+    def standby_seed(self, name: str, primary: Guest, rejoin: bool = False) -> GuestSeed:
+        """The seed of a standby of `primary`; `rejoin`: its disk holds a former primary to rewind."""
+        if primary.address is None:
+            raise GuestNotReady(f"{primary.name} has no address for {name} to replicate from")
+        return replace(self.primary_seed(name, None), role="standby", primary_host=primary.address, rejoin=rejoin)
+
+    def write_seed(self, host: HostConfig, name: str, seed: GuestSeed) -> None:
+        """Upload the guest's NoCloud seed volume (read at its next boot)."""
+        with tempfile.TemporaryDirectory(prefix="pgcarve-") as tmp:
+            iso = Path(tmp) / "seed.iso"
+            # A new instance-id each time: the guest tells a new seed from one it has acted on.
+            write_seed_iso(seed, f"{name}-{time.time_ns()}", iso)
+            self.fleet.hosts[host.name].storage.upload_file(f"{name}-seed.iso", iso)
 
     # -- one guest ---------------------------------------------------------------------------
 
@@ -92,10 +102,7 @@ class Provisioner:
         require_free_space(self.fleet, host.name, self.fleet.config.instance.disk_reserve_mib)
         progress(name, f"disk and seed on {host.name}", 0.1)
         lv.storage.create_overlay(f"{name}.qcow2", image.disk, self.fleet.config.instance.disk_gib)
-        with tempfile.TemporaryDirectory(prefix="pgcarve-") as tmp:
-            iso = Path(tmp) / "seed.iso"
-            write_seed_iso(seed, f"{name}-{int(time.time())}", iso)
-            lv.storage.upload_file(f"{name}-seed.iso", iso)
+        self.write_seed(host, name, seed)
         spec = self.domain_spec(host, name, meta, image, self.fleet.domain_types.of(host.name), creating=True)
         progress(name, f"starting on {host.name} CPUs {','.join(map(str, spec.vcpu_pins))}", 0.2)
         lv.define_and_start(spec)
@@ -161,7 +168,11 @@ class Provisioner:
         primary_host, standby_hosts = self.fleet.placement.hosts_for(index)
         standby_names = [standby_name(fleet_name, index, s) for s in range(1, len(standby_hosts) + 1)]
         meta = InstanceMetadata(fleet=fleet_name, cluster=name, role="primary", index=index)
-        self.create_guest(primary_host, name, meta, self.primary_seed(name, standby_names), progress)
+        # The synchronous set is recorded before the primary exists (control/sync_record.py).
+        record = initial_record(name, name, primary_host.name, standby_names, self.fleet.config.replication)
+        if record is not None:
+            self.fleet.sync_records.put(record)
+        self.create_guest(primary_host, name, meta, self.primary_seed(name, record), progress)
         primary = self.ready(primary_host, name, progress, False)
         progress(name, "primary accepts SQL", 1.0 if not standby_names else 0.6)
         if not standby_names:
@@ -186,11 +197,29 @@ class Provisioner:
         meta = primary.info.metadata
         smeta = InstanceMetadata(fleet=meta.fleet, cluster=meta.cluster, role="standby", index=meta.index,
                                  standby=number)
-        seed = replace(self.primary_seed(name, []), role="standby", primary_host=primary.address)
-        self.create_guest(host, name, smeta, seed, progress)
+        self.create_guest(host, name, smeta, self.standby_seed(name, primary), progress)
         guest = self.ready(host, name, progress, True)
         progress(name, "standby replaying", 1.0)
         return guest
+
+    def rejoin(self, guest: Guest, primary: Guest, number: int, progress: Progress = no_progress) -> Guest:
+        """Turn a former primary of the instance (fenced or lost in a failover) into standby
+        `number` of `primary`, keeping its disk: powered off, given a standby seed that asks for a
+        rewind (pg_rewind onto the new primary; if that fails, its data directory is kept aside
+        in the guest and a fresh copy cloned), and started again."""
+        host = self.fleet.config.host(guest.info.host)
+        lv = self.fleet.hosts[host.name]
+        self.fleet.planned_stops.will_stop(guest.name)
+        lv.stop(guest.name)
+        progress(guest.name, f"rejoining as a standby of {primary.name} (rewind)", 0.2)
+        with self.fleet.connect(primary) as conn:
+            replication.create_slot(conn, slot_name(guest.name))
+        self.write_seed(host, guest.name, self.standby_seed(guest.name, primary, rejoin=True))
+        # Metadata last: until now it still said primary, so a restart never started it as a standby
+        # with its old seed, nor as a primary (the recorded primary is another guest).
+        lv.set_metadata(guest.name, replace(guest.info.metadata, role="standby", standby=number))
+        lv.start(guest.name)
+        return self.wait_sql(host, guest.name, progress, standby=True)
 
     def wait_streaming(self, primary: Guest, standbys: list[str], progress: Progress,
                        timeout_s: float = 300) -> None:

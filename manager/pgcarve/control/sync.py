@@ -36,6 +36,14 @@ class ReplicaState:
 
 
 @dataclass(frozen=True)
+class KeepResult:
+    """One keeper pass: what changed (words, or None), and whether a synchronous standby confirms."""
+
+    changed: str | None
+    confirming: bool
+
+
+@dataclass(frozen=True)
 class SyncChange:
     """Write `record` first, then (if not None) set synchronous_standby_names to `names`."""
 
@@ -111,14 +119,16 @@ class SyncKeeper:
         self._down_since: dict[str, float] = {}
         self._lock = threading.Lock()
 
-    def keep(self, inst: Instance) -> str | None:
-        """One pass for one instance; what changed, in words, or None."""
+    def keep(self, inst: Instance) -> KeepResult | None:
+        """One pass for one instance: renew the manager's lease on the primary, adjust its
+        synchronous set. None when the primary cannot be asked (not running, no address)."""
         primary = inst.primary
         if primary is None or primary.endpoint is None or primary.info.creating:
             return None
         standbys = [g.name for g in inst.standbys]
         by_app = {application_name(s): s for s in standbys}
         with self.fleet.connect(primary, timeout_s=3) as conn:
+            replication.renew_manager_lease(conn)
             rows = replication.replica_rows(conn)
             current = replication.current_wal_lsn(conn)
             names_now = replication.show_synchronous_standby_names(conn)
@@ -137,8 +147,9 @@ class SyncKeeper:
                 replication.set_synchronous_standby_names(conn, wanted)
         if change is not None:
             log.warning("%s: %s", inst.name, change.reason)
-            return change.reason
-        return None
+        confirming = [s for s in record.synchronous
+                      if s in replicas and replicas[s].streaming and replicas[s].sync_state in ("sync", "quorum")]
+        return KeepResult(change.reason if change else None, len(confirming) >= min(record.count, 1))
 
     def _down_for(self, standbys: Sequence[str], replicas: Mapping[str, ReplicaState]) -> dict[str, float]:
         now = time.monotonic()

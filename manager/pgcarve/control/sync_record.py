@@ -45,6 +45,7 @@ class SyncRecord:
     generation: int = 1
     pending_lsn: int | None = None
     failover_to: str | None = None
+    previous_primary: str | None = None  # the primary before the last failover (it rejoins, or goes)
     updated_at: float = field(default_factory=time.time)
 
     def __post_init__(self) -> None:
@@ -83,6 +84,7 @@ class SyncRecord:
                 generation=int(doc.get("generation", 1)),  # type: ignore[call-overload]
                 pending_lsn=None if doc.get("pending_lsn") is None else int(doc["pending_lsn"]),  # type: ignore[call-overload]
                 failover_to=None if doc.get("failover_to") is None else str(doc["failover_to"]),
+                previous_primary=None if doc.get("previous_primary") is None else str(doc["previous_primary"]),
                 updated_at=float(doc.get("updated_at", 0.0)),  # type: ignore[arg-type]
             )
         except (KeyError, TypeError, ValueError) as exc:

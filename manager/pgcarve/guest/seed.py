@@ -57,6 +57,12 @@ class GuestSeed:
     synchronous_commit: str = "remote_write"
     synchronous_standby_names: str = ""
     primary_host: str | None = None  # standbys: the primary's address
+    # standbys: this guest's data directory was a primary of the instance (fenced or lost in a
+    # failover); rewind it onto primary_host (pg_rewind) instead of cloning a fresh copy.
+    rejoin: bool = False
+    # primaries: stop accepting writes after this long with neither a synchronous standby nor
+    # word from the manager (the guest's watchdog, pgcarve-watchdog).
+    fence_after_s: int = 30
     extra_hosts: dict[str, str] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
@@ -71,6 +77,10 @@ class GuestSeed:
             if self.primary_host is None:
                 raise ConfigError(f"standby {self.name} needs its primary's address")
             check_address(self.primary_host)
+        elif self.rejoin:
+            raise ConfigError(f"{self.name}: only a standby can rejoin its instance")
+        if not 5 <= self.fence_after_s <= 3600:
+            raise ConfigError(f"{self.name}: fence_after_s {self.fence_after_s} must be 5..3600 seconds")
 
     def instance_json(self) -> dict[str, object]:
         creds = self.credentials
@@ -82,11 +92,13 @@ class GuestSeed:
             "replication_password_scram": scram_verifier(creds.replication_password),
             "synchronous_commit": self.synchronous_commit,
             "synchronous_standby_names": self.synchronous_standby_names,
+            "fence_after_s": self.fence_after_s,
         }
         if self.role == "standby":
             doc["primary_host"] = self.primary_host
             doc["replication_password"] = creds.replication_password
             doc["slot_name"] = slot_name(self.name)
+            doc["rejoin"] = self.rejoin
         return doc
 
     def meta_data(self, instance_id: str) -> str:

@@ -153,3 +153,12 @@ def detach(conn: Connection) -> None:
     standby, replaying nothing new, until pointed at a primary again."""
     conn.execute("alter system set primary_conninfo = ''")
     conn.execute("select pg_reload_conf()")
+
+
+MANAGER_LEASE = "/var/lib/postgresql/pgcarve-manager-lease"
+
+
+def renew_manager_lease(conn: Connection) -> None:
+    """Word from the manager to the guest's watchdog (pgcarve-watchdog): a file the watchdog reads
+    the age of. A server-side file write: no WAL, so it never waits for a synchronous standby."""
+    conn.execute(sql.SQL("copy (select pg_catalog.now()) to {}").format(sql.Literal(MANAGER_LEASE)))

@@ -135,10 +135,23 @@ class LibvirtHost:
     # -- guests -----------------------------------------------------------------------------
 
     def define_and_start(self, spec: DomainSpec) -> None:
+        """Define the guest and start it. Not autostarted with libvirtd: after a host comes back,
+        the manager decides what each of its guests becomes (a primary that was failed over
+        elsewhere must not start as a second primary)."""
         with self.translate(f"defining and starting {spec.name}"):
             dom = self.conn.defineXML(spec.to_xml())
-            dom.setAutostart(1)
+            dom.setAutostart(0)
             dom.create()
+
+    def stop(self, name: str) -> bool:
+        """Power a guest off at once, keeping its definition and disks; False if it was not running."""
+        with self.translate(f"stopping {name}"):
+            dom = self.conn.lookupByName(name)
+            dom.setAutostart(0)
+            if not dom.isActive():
+                return False
+            dom.destroy()
+            return True
 
     def start(self, name: str) -> None:
         with self.translate(f"starting {name}"):
