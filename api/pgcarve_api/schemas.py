@@ -69,6 +69,25 @@ class ScaleIn(BaseModel):
     instances: int = Field(ge=0, le=100000, strict=True, description="the number of instances wanted")
 
 
+class FailoverIn(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    to: str | None = Field(None, pattern=r"^[a-z][a-z0-9-]{0,62}$", description="the standby to promote")
+    force: bool = Field(False, description="promote `to` even if it cannot be proven to hold every acknowledged "
+                                           "commit (the result says what may be missing)")
+
+
+class SwitchoverIn(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    to: str | None = Field(None, pattern=r"^[a-z][a-z0-9-]{0,62}$",
+                           description="the standby to hand the primary's role to (default: the synchronous one)")
+
+
+class OperationAccepted(BaseModel):
+    operation: str
+    status: Literal["pending", "running", "succeeded", "failed"]
+    kind: str
+
+
 class ScaleAccepted(BaseModel):
     operation: str
     status: Literal["pending", "running", "succeeded", "failed"]
@@ -87,6 +106,10 @@ class OperationOut(BaseModel):
     started_at: float | None
     finished_at: float | None
     steps: dict[str, dict[str, object]]
+    params: dict[str, object] = Field(default_factory=dict, description="failover/switchover: instance, to, force")
+    result: dict[str, object] = Field(default_factory=dict,
+                                      description="what it did: new_primary, host; failover: proven, may_be_missing; "
+                                                  "switchover: write_pause_s")
 
 
 class SlotOut(BaseModel):

@@ -220,7 +220,9 @@ def test_pg_hba_is_scram_only_and_limited_to_the_seed_networks(
     host_rules = [r for r in rules if r[0] != "local"]
     assert all(r[0] == "host" and len(r) == 5 and r[4] == "scram-sha-256" for r in host_rules), hba
     assert all(r[2] == "replicator" for r in host_rules if r[1] == "replication")
-    assert all(r[1] == "replication" for r in host_rules if r[2] == "replicator")
+    # replicator: replication, and the postgres database for pg_rewind (a former primary rejoining
+    # reads files through grants on pg_ls_dir/pg_stat_file/pg_read_binary_file only).
+    assert all(r[1] in ("replication", "postgres") for r in host_rules if r[2] == "replicator")
     assert {r[2] for r in host_rules} == {"pgcarve", "replicator"}, "no network login for postgres or all"
     assert {r[3] for r in host_rules} == {*CIDRS, "127.0.0.1/32"}
     assert {r[3] for r in host_rules if r[1] == "replication"} == set(CIDRS)

@@ -142,6 +142,8 @@ class Failover:
                 if not replication.promote(conn, 300):
                     raise GuestNotReady(f"{inst.name}: {target.name} did not finish promotion in 300 s")
         failpoint("failover.promoted")
+        with self.fleet.connect(target, timeout_s=10) as conn:
+            replication.settle_new_primary(conn)
 
         meta = target.info.metadata
         if meta.role != "primary":

@@ -18,13 +18,15 @@ from typing import Any
 from pgcarve.config import FleetConfig
 from pgcarve.control.capacity import check_capacity
 from pgcarve.control.collector import Collector, Target
-from pgcarve.control.fleet import Fleet, Instance
+from pgcarve.control.failover import Failover
+from pgcarve.control.fleet import Fleet, Instance, Progress
 from pgcarve.control.operations import Operation, OperationQueue
 from pgcarve.control.rates import RateTracker, Snapshot
 from pgcarve.control.removal import discard_half_made
 from pgcarve.control.scaler import Scaler
 from pgcarve.control.supervisor import Incident, Supervisor
-from pgcarve.errors import CapacityError, ConfigError, NotFound, PgcarveError
+from pgcarve.control.switchover import Switchover
+from pgcarve.errors import ConfigError, NotFound, PgcarveError
 from pgcarve.naming import application_name
 from pgcarve.planning.planner import explain, plan_host, plan_to_dict
 from pgcarve.postgres.session import ADMIN_USER
@@ -62,7 +64,8 @@ class ManagerService:
         self._stop = threading.Event()
         self._refresher = threading.Thread(target=self._refresh_loop, name="pgcarve-refresh", daemon=True)
         self._scale_lock = threading.Lock()
-        self.supervisor = Supervisor(self.fleet, on_change=self._refresh_wanted.set) if supervise else None
+        self.supervisor = (Supervisor(self.fleet, on_change=self._refresh_wanted.set,
+                                      view=lambda: self.view.instances) if supervise else None)
 
     # -- lifecycle ---------------------------------------------------------------------------
 
@@ -241,6 +244,28 @@ class ManagerService:
         check_capacity(self.fleet, instances)
         return self.operations.submit("scale", instances)
 
+    def _instance(self, name: str) -> Instance:
+        inst = next((i for i in self.view.instances if i.name == name), None)
+        if inst is None:
+            raise NotFound(f"no instance named {name!r}")
+        return inst
+
+    def request_failover(self, name: str, to: str | None, forced: bool) -> Operation:
+        """Queue a failover by hand: to `to`, only if proven to hold every acknowledged commit
+        unless `forced` (then the operation's result says what may be missing)."""
+        inst = self._instance(name)
+        if forced and to is None:
+            raise ConfigError('a forced failover needs the standby to promote: {"to": "<standby>", "force": true}')
+        if to is not None and to not in {g.name for g in inst.standbys}:
+            raise NotFound(f"{name} has no standby {to!r} (standbys: {', '.join(g.name for g in inst.standbys)})")
+        return self.operations.submit("failover", inst.index, {"instance": name, "to": to, "force": forced})
+
+    def request_switchover(self, name: str, to: str | None) -> Operation:
+        """Queue a planned switchover to `to` (default: the synchronous standby)."""
+        inst = self._instance(name)
+        target = Switchover(self.fleet, self.scaler.provisioner).target_of(inst, to)
+        return self.operations.submit("switchover", inst.index, {"instance": name, "to": target.name})
+
     def _run_operation(self, op: Operation) -> None:
         lock = threading.Lock()
 
@@ -254,13 +279,39 @@ class ManagerService:
                                        message=f"{name}: {step}")
 
         try:
-            plan = self.scaler.scale(op.target, progress)
-            self.operations.update(op, message=f"created {len(plan.create)}, removed {len(plan.remove)}")
-        except CapacityError:
-            raise
+            if op.kind == "scale":
+                plan = self.scaler.scale(op.target, progress)
+                self.operations.update(op, message=f"created {len(plan.create)}, removed {len(plan.remove)}")
+            else:
+                self._run_role_change(op, progress)
         finally:
             self.refresh()
             self._refresh_wanted.set()
+            if self.supervisor is not None:
+                self.supervisor.sweep_soon()  # a former primary to rejoin, standbys to mend
+
+    def _run_role_change(self, op: Operation, progress: Progress) -> None:
+        """A failover or switchover by hand, holding the instance like a repair does."""
+        name, to = str(op.params["instance"]), op.params.get("to")
+        provisioner = self.scaler.provisioner
+        with self.fleet.locks.exclusive(op.target, f"{op.kind} by hand"):
+            inst = self.fleet.instance(name)
+            if to is not None and inst.primary is not None and inst.primary.name == to:
+                self.operations.update(op, message=f"{to} is already the primary of {name}",
+                                       result={"new_primary": to})
+                return
+            if op.kind == "switchover":
+                done = Switchover(self.fleet, provisioner).run(inst, str(to) if to else None, progress)
+                result: dict[str, object] = {"new_primary": done.new_primary, "host": done.host,
+                                             "write_pause_s": done.write_pause_s}
+                message = done.message
+            else:
+                outcome = Failover(self.fleet, provisioner).run(inst, str(to) if to else None,
+                                                                forced=bool(op.params.get("force")), progress=progress)
+                result = {"new_primary": outcome.new_primary, "host": outcome.host, "proven": outcome.proven,
+                          "may_be_missing": outcome.may_be_missing, "reason": outcome.reason}
+                message = outcome.message
+        self.operations.update(op, message=message, result=result)
 
     def wait_idle(self, timeout_s: float) -> bool:
         return self.operations.wait_idle(timeout_s)

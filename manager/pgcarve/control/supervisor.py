@@ -116,6 +116,11 @@ class Supervisor:
         manager ran is done (GET /healthz reports it)."""
         return all(w.connected.is_set() for w in self._watches) and self.sweeps > 0 and not self._sweep_now.is_set()
 
+    def sweep_soon(self) -> None:
+        """Look at the whole fleet now rather than at the next periodic sweep."""
+        self._sweep_now.set()
+        self._events.put(None)
+
     def watching(self, host: str) -> bool:
         return any(w.name == host and w.connected.is_set() for w in self._watches)
 

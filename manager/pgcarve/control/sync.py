@@ -129,6 +129,8 @@ class SyncKeeper:
         by_app = {application_name(s): s for s in standbys}
         with self.fleet.connect(primary, timeout_s=3) as conn:
             replication.renew_manager_lease(conn)
+            if replication.in_recovery(conn):
+                return self._unfence(inst, conn)
             rows = replication.replica_rows(conn)
             current = replication.current_wal_lsn(conn)
             names_now = replication.show_synchronous_standby_names(conn)
@@ -150,6 +152,23 @@ class SyncKeeper:
         confirming = [s for s in record.synchronous
                       if s in replicas and replicas[s].streaming and replicas[s].sync_state in ("sync", "quorum")]
         return KeepResult(change.reason if change else None, len(confirming) >= min(record.count, 1))
+
+    def _unfence(self, inst: Instance, conn: replication.Connection) -> KeepResult:
+        """The recorded primary is in recovery: its watchdog fenced it (no synchronous standby, no
+        word from the manager). No failover replaced it (the record still names it), so it holds
+        every acknowledged commit: promote it again, synchronous standbys named first."""
+        assert inst.primary is not None
+        record = self.records.get(inst.name)
+        if record is None or record.primary != inst.primary.name or record.failover_to is not None:
+            return KeepResult(None, False)
+        replication.set_synchronous_standby_names(conn, names_for(record))
+        if not replication.promote(conn, 60):
+            return KeepResult(None, False)
+        replication.settle_new_primary(conn)
+        why = (f"{inst.primary.name} had fenced itself (no synchronous standby and no word from the manager); "
+               "it is still the instance's primary, so it accepts writes again")
+        log.warning("%s: %s", inst.name, why)
+        return KeepResult(why, False)
 
     def _down_for(self, standbys: Sequence[str], replicas: Mapping[str, ReplicaState]) -> dict[str, float]:
         now = time.monotonic()

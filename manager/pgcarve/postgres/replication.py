@@ -162,3 +162,19 @@ def renew_manager_lease(conn: Connection) -> None:
     """Word from the manager to the guest's watchdog (pgcarve-watchdog): a file the watchdog reads
     the age of. A server-side file write: no WAL, so it never waits for a synchronous standby."""
     conn.execute(sql.SQL("copy (select pg_catalog.now()) to {}").format(sql.Literal(MANAGER_LEASE)))
+
+
+def settle_new_primary(conn: Connection) -> None:
+    """After a promotion: a checkpoint, so the new timeline is in its control file (pg_rewind reads
+    it there), and the settings that belonged to its time as a standby, or to a fence, gone."""
+    conn.execute("checkpoint")
+    conn.execute("alter system reset primary_conninfo")
+    conn.execute("alter system reset primary_slot_name")
+    conn.execute("alter system reset default_transaction_read_only")
+    conn.execute("select pg_reload_conf()")
+
+
+def allow_writes(conn: Connection) -> None:
+    """Undo refuse_writes: new transactions may write again."""
+    conn.execute("alter system reset default_transaction_read_only")
+    conn.execute("select pg_reload_conf()")

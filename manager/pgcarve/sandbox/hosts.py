@@ -263,6 +263,13 @@ class Sandbox:
         lv.storage.ensure_pool()
         lv.close()
 
+    def revive(self, host: SandboxHost) -> None:
+        """Start a stopped host's daemons again (its namespace, disks and definitions kept)."""
+        if not self._netns_exists(host.netns):
+            raise SandboxError(f"sandbox host {host.name} has no namespace any more: start the sandbox again "
+                               "(`pgcarve sandbox up`)")
+        self._host_up(host, len(self.hosts()), lambda _m: None)
+
     def run_reaped(self, host: SandboxHost, args: list[str]) -> None:
         """Run a command that starts daemons, under a reaper of their orphans (see reaper.py).
         The reaper records itself (PID, start time, boot) in its record file."""
