@@ -406,7 +406,11 @@ def _routes(app: FastAPI, methods: set[str]) -> list[tuple[str, str]]:
     return sorted(r for r in served | hidden if r[0] in methods)
 
 
-MUTATION_BODIES = {("PUT", "/v1/scale"): {"instances": 1}}
+MUTATION_BODIES: dict[tuple[str, str], dict[str, object]] = {
+    ("PUT", "/v1/scale"): {"instances": 1},
+    ("POST", "/v1/instances/{name}/failover"): {"to": "pgc-01-s1", "force": True},
+    ("POST", "/v1/instances/{name}/switchover"): {},
+}
 WRONG_AUTH: list[dict[str, str | bytes]] = [
     {},
     {"Authorization": "Bearer wrong"},
