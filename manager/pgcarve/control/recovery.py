@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import enum
 import logging
+import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -61,6 +62,10 @@ class RepairResult:
         return any(step.guest == guest for step in self.steps)
 
 
+# A standby pointed at the primary that still receives nothing this long later is rewound.
+REFOLLOW_GRACE_S = 60.0
+
+
 class Repairer:
     """Repairs one instance at a time (the caller holds its lock: fleet.locks.exclusive)."""
 
@@ -68,6 +73,9 @@ class Repairer:
         self.fleet = fleet
         self.provisioner = provisioner
         self.failover = Failover(fleet, provisioner)
+        # Standbys pointed at the primary again, and when: one still not receiving a while later
+        # has WAL the primary never had (a forced failover), and is rewound instead.
+        self._refollowed: dict[str, float] = {}
 
     def current(self, index: int) -> Instance | None:
         return next((i for i in self.fleet.observe() if i.index == index), None)
@@ -217,7 +225,14 @@ class Repairer:
 
         def refollow(guest: Guest) -> RepairStep:
             self.failover.follow(guest, primary)
+            self._refollowed[guest.name] = time.monotonic()
             return RepairStep(guest.name, Action.FOLLOW, f"{guest.name} follows {primary.name} again")
+
+        def rewind(guest: Guest, number: int) -> RepairStep:
+            self.provisioner.rejoin(guest, primary, number, progress)
+            self._refollowed.pop(guest.name, None)
+            return RepairStep(guest.name, Action.REJOIN, f"{guest.name} could not follow {primary.name} (its WAL "
+                                                         "went past where the two diverged); rewound onto it")
 
         work: list[tuple[Callable[..., RepairStep], tuple[object, ...]]] = []
         for guest in inst.stale:
@@ -227,8 +242,16 @@ class Repairer:
             if guest.info.state in ("running", "paused", "unreachable") or guest.info.host in unreachable:
                 continue
             work.append((bring_back, (guest,)))
-        for guest in self._detached(inst, primary):
-            work.append((refollow, (guest,)))
+        detached = self._detached(inst, primary)
+        for guest in inst.standbys:
+            if guest not in detached:
+                self._refollowed.pop(guest.name, None)  # it receives: nothing to remember
+        for guest in detached:
+            followed_at = self._refollowed.get(guest.name)
+            if followed_at is None:
+                work.append((refollow, (guest,)))
+            elif time.monotonic() - followed_at > REFOLLOW_GRACE_S:
+                work.append((rewind, (guest, guest.info.metadata.standby)))
         missing, lacking = self.missing_standbys(inst)
         work += [(rebuild, (host, name, next(numbers))) for host, name in missing]
         if lacking:
