@@ -17,9 +17,7 @@ Runs after test_carve.py, on its instance pgc-01 (primary on h0, standbys s1 on 
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import pytest
 import yaml
@@ -28,17 +26,23 @@ from pgcarve.control.fleet import Fleet
 from pgcarve.control.removal import leftovers
 from pgcarve.control.scaler import Scaler
 from pgcarve.errors import CapacityError
-from pgcarve.postgres.session import CLIENT_DATABASE
 from pgcarve.sandbox.faults import SandboxFaults
-from psycopg.conninfo import make_conninfo
 
 from tests.integration.conftest import IT_STATE, TOKEN, CarveEnv, wait_for, wait_operation
-from tests.integration.writer import AckedWriter
+from tests.support.faults import (
+    INSTANCE,
+    api_get,
+    check_nothing_lost,
+    incidents_for,
+    wait_recovered,
+    wait_watching,
+    wait_whole,
+    writer_for,
+)
 from tests.support.prometheus import prometheus_watching
 
 pytestmark = pytest.mark.integration
 
-INSTANCE = "pgc-01"
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -51,72 +55,6 @@ def one_instance(carve_env: CarveEnv) -> None:
             assert resp.status_code == 202, resp.text
             op = wait_operation(carve_env, resp.json()["operation"], 1200)
             assert op["status"] == "succeeded", op
-
-
-@pytest.fixture()
-def fleet(carve_env: CarveEnv) -> Iterator[Fleet]:
-    f = Fleet(carve_env.config, carve_env.paths)
-    yield f
-    f.close()
-
-
-def api_get(env: CarveEnv, path: str) -> Any:
-    with env.client() as client:
-        resp = client.get(path)
-        assert resp.status_code == 200, resp.text
-        return resp.json()
-
-
-def writer_for(env: CarveEnv, fleet: Fleet) -> AckedWriter:
-    """A writer that connects wherever the API says the instance's primary is."""
-    password = fleet.credentials.admin_password
-
-    def dsn() -> str | None:
-        try:
-            doc = api_get(env, f"/v1/instances/{INSTANCE}")
-        except Exception:
-            return None
-        return make_conninfo(doc["dsn"], password=password) if doc.get("dsn") else None
-
-    return AckedWriter(dsn)
-
-
-def check_nothing_lost(fleet: Fleet, writer: AckedWriter) -> None:
-    inst = fleet.instance(INSTANCE)
-    assert inst.primary is not None
-    with fleet.connect(inst.primary, database=CLIENT_DATABASE) as conn:
-        missing = writer.missing(conn)
-    print(f"writer {writer.writer_id}: {len(writer.acked)} commits acknowledged, {len(missing)} missing, "
-          f"{len(writer.errors)} failed attempts")
-    assert len(writer.acked) > 0
-    assert missing == [], f"acknowledged commits lost: {missing[:20]}"
-
-
-def incidents_for(env: CarveEnv, guest: str, since: float) -> list[dict[str, Any]]:
-    return [i for i in api_get(env, "/v1/incidents") if i["guest"] == guest and i["detected_at"] >= since - 1]
-
-
-def wait_recovered(env: CarveEnv, guest: str, since: float, timeout_s: float = 600) -> dict[str, Any]:
-    def done() -> dict[str, Any] | None:
-        found = incidents_for(env, guest, since)
-        return next((i for i in found if i["status"] == "recovered"), None)
-
-    return wait_for(done, f"recovery of {guest}", timeout_s)
-
-
-def wait_whole(env: CarveEnv, timeout_s: float = 600) -> dict[str, Any]:
-    """Until the instance's primary accepts writes and both standbys stream."""
-    def whole() -> dict[str, Any] | None:
-        doc = api_get(env, f"/v1/instances/{INSTANCE}")
-        streaming = [s for s in doc["standbys"] if s["state"] == "streaming"]
-        return doc if doc["writes"] == "accepted" and len(streaming) == 2 else None
-
-    return wait_for(whole, f"{INSTANCE} whole again (writes accepted, 2 standbys streaming)", timeout_s)
-
-
-def wait_watching(env: CarveEnv) -> None:
-    wait_for(lambda: all(h["watching_events"] for h in api_get(env, "/v1/hosts")),
-             "the manager to watch every host's lifecycle events", 60)
 
 
 def sync_standby(fleet: Fleet) -> str:

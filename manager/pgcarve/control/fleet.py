@@ -22,7 +22,7 @@ from pgcarve.guest.image import HostImages
 from pgcarve.guest.probe import DomainTypes
 from pgcarve.naming import instance_name
 from pgcarve.planning.placement import Placement
-from pgcarve.planning.topology import HostTopology
+from pgcarve.planning.topology import HostTopology, parse_capabilities
 from pgcarve.postgres import session
 from pgcarve.sandbox.forward import ForwardRegistry
 from pgcarve.settings import Paths
@@ -119,8 +119,20 @@ class Fleet:
             return self._credentials
 
     def topology(self, host: str) -> HostTopology:
+        """The host's CPUs and NUMA layout. Kept in the state directory too: a manager started
+        while a host is lost still knows where that host's instances were placed."""
         if host not in self._topologies:
-            self._topologies[host] = self.hosts[host].topology()
+            kept = self.paths.state_dir / "topology" / f"{host}.xml"
+            try:
+                xml = self.hosts[host].capabilities()
+            except HostUnreachable:
+                if not kept.exists():
+                    raise
+                xml = kept.read_text()
+            else:
+                kept.parent.mkdir(parents=True, exist_ok=True)
+                kept.write_text(xml)
+            self._topologies[host] = parse_capabilities(xml)
         return self._topologies[host]
 
     @property

@@ -118,9 +118,13 @@ class LibvirtHost:
 
     # -- host facts -------------------------------------------------------------------------
 
-    def topology(self) -> HostTopology:
+    def capabilities(self) -> str:
+        """libvirt's capabilities XML of the host (CPUs, NUMA cells, memory)."""
         with self.translate("reading capabilities"):
-            return parse_capabilities(self.conn.getCapabilities())
+            return str(self.conn.getCapabilities())
+
+    def topology(self) -> HostTopology:
+        return parse_capabilities(self.capabilities())
 
     def versions(self) -> dict[str, str]:
         with self.translate("reading versions"):
