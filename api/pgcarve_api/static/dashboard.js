@@ -717,10 +717,33 @@
 
   const isActive = (op) => op.status === "pending" || op.status === "running";
 
-  /** The stream lists running operations; one that drops out has finished: fetch its result. */
+  /** What an operation does, in the words of the control that started it. */
+  function opTitle(op) {
+    const instance = op.params && op.params.instance;
+    if (op.kind === "scale") return `Scale to ${op.target}`;
+    if (op.kind === "switchover") return `Switch over ${instance || "an instance"}`;
+    if (op.kind) return instance ? `${op.kind}: ${instance}` : op.kind;
+    return "Operation";  // seen on the stream only, until its document is read
+  }
+
+  /** Its message; a switchover that ended says where the primary went and how long writes paused. */
+  function opOutcome(op) {
+    const r = op.result || {};
+    if (op.kind === "switchover" && op.status === "succeeded" && r.new_primary && r.host
+        && Number.isFinite(r.write_pause_s)) {
+      return `switched over to ${r.new_primary} on ${r.host}; writes paused ${r.write_pause_s.toFixed(1)} s`;
+    }
+    return op.message || "";
+  }
+
+  /** The stream lists running operations; one that drops out has finished: fetch its result. The
+   * stream leaves out what kind each is, so one seen there first is read in full once. */
   function mergeActiveOps(active) {
     const ids = new Set();
-    for (const op of active) { ids.add(op.id); upsertOp(op); }
+    for (const op of active) {
+      ids.add(op.id);
+      if (!upsertOp(op).kind) refreshOp(op.id);
+    }
     for (const op of state.ops.values()) if (isActive(op) && !ids.has(op.id)) refreshOp(op.id);
     renderOps();
   }
@@ -728,7 +751,13 @@
   async function refreshOp(id) {
     try {
       const r = await api(`/v1/operations/${encodeURIComponent(id)}`);
-      if (r.ok && r.data) { upsertOp(r.data); renderOps(); }
+      if (!r.ok || !r.data) return;
+      const known = state.ops.get(id);
+      const wasActive = !known || isActive(known);
+      const op = upsertOp(r.data);
+      renderOps();
+      // An operation that ended changed the fleet (new instances, a new primary): show it now.
+      if (wasActive && !isActive(op)) loadInstances();
     } catch { /* next round */ }
   }
 
@@ -755,15 +784,19 @@
     list.replaceChildren(...ops.map((op) => {
       const pct = Math.round(Math.max(0, Math.min(1, op.status === "succeeded" ? 1 : op.progress || 0)) * 100);
       const when = op.created_at ? ` · ${clock(op.created_at)}` : "";
-      return el("li", { class: `op ${op.status}`, "data-testid": "operation", "data-op-id": op.id, "data-status": op.status },
+      const title = opTitle(op);
+      return el("li", {
+        class: `op ${op.status}`, "data-testid": "operation", "data-op-id": op.id, "data-status": op.status,
+        "data-kind": op.kind || null,
+      },
         el("div", { class: "op-head" },
-          el("span", { class: "op-title", text: `Scale to ${op.target}` }),
+          el("span", { class: "op-title", "data-testid": "operation-title", text: title }),
           el("span", {}, badge(op.status), el("span", { class: "muted", text: ` ${pct}%` }))),
         el("div", {
-          class: "bar", role: "progressbar", "aria-label": `Scale to ${op.target}: progress`,
+          class: "bar", role: "progressbar", "aria-label": `${title}: progress`,
           "aria-valuemin": "0", "aria-valuemax": "100", "aria-valuenow": String(pct), "data-testid": "operation-progress",
         }, el("span")),
-        el("p", { class: "op-msg", "data-testid": "operation-message", text: `${op.message || ""}${when} · ${op.id}` }),
+        el("p", { class: "op-msg", "data-testid": "operation-message", text: `${opOutcome(op)}${when} · ${op.id}` }),
         op.error ? el("p", { class: "op-error", "data-testid": "operation-error", text: op.error }) : null);
     }));
     // Bar widths through CSSOM (allowed by the page's CSP, unlike style attributes).
@@ -822,7 +855,7 @@
       const r = await api("/v1/scale", { method: "PUT", body: { instances: wanted }, token });
       if (r.status === 202 && r.data) {
         const op = upsertOp({
-          id: r.data.operation, status: r.data.status, target: r.data.target, progress: 0,
+          id: r.data.operation, kind: "scale", status: r.data.status, target: r.data.target, progress: 0,
           message: "accepted", created_at: Date.now() / 1000,
         });
         renderOps();
