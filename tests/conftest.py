@@ -11,6 +11,9 @@ import psycopg
 import pytest
 from psycopg.conninfo import conninfo_to_dict
 
+# Fixtures shared by test modules in several directories.
+pytest_plugins = ["tests.support.guest_script"]
+
 
 def pytest_addoption(parser: pytest.Parser) -> None:
     parser.addoption("--regenerate-output", action="store_true", default=False,

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import base64
 import importlib
-import importlib.util
 import json
 import logging
 import os
@@ -25,7 +24,6 @@ import secrets
 import subprocess
 import xml.etree.ElementTree as ET
 from collections.abc import Iterator
-from importlib.machinery import SourceFileLoader
 from pathlib import Path
 from types import ModuleType
 
@@ -52,7 +50,6 @@ from pydantic import ValidationError
 from tests.support.api import app_for, read_stream_start, service_on_test_driver
 
 ROOT = Path(__file__).resolve().parents[2]
-GUEST_SETUP = ROOT / "images" / "rootfs" / "usr" / "local" / "sbin" / "pgcarve-guest-setup"
 TOKEN = "security-test-token-0123456789abcdef"
 AUTH = {"Authorization": f"Bearer {TOKEN}"}
 LOCAL = "http://127.0.0.1:8080"  # what a client on loopback sends as Host (TestClient's default is refused)
@@ -176,16 +173,6 @@ def test_identifiers_in_the_domain_xml_cannot_carry_markup(value: str) -> None:
 
 
 # --- 3. the guest-side setup script ----------------------------------------------------------
-
-@pytest.fixture(scope="module")
-def guest_setup() -> ModuleType:
-    loader = SourceFileLoader("pgcarve_guest_setup", str(GUEST_SETUP))
-    spec = importlib.util.spec_from_loader(loader.name, loader)
-    assert spec is not None
-    module = importlib.util.module_from_spec(spec)
-    loader.exec_module(module)
-    return module
-
 
 CIDRS = ("10.77.0.0/16", "192.168.7.0/24")
 
