@@ -27,8 +27,9 @@ def remove_guest(fleet: Fleet, info: GuestInfo) -> None:
 
 def remove_instance(fleet: Fleet, instance: Instance) -> None:
     """Power off and delete a primary, its standbys and their disks (no data kept)."""
-    for guest in (*instance.standbys, *((instance.primary,) if instance.primary else ())):
+    for guest in (*instance.standbys, *instance.stale, *((instance.primary,) if instance.primary else ())):
         remove_guest(fleet, guest.info)
+    fleet.sync_records.remove(instance.name)
 
 
 def discard_instance(fleet: Fleet, index: int) -> None:
@@ -45,6 +46,7 @@ def discard_instance(fleet: Fleet, index: int) -> None:
                 with contextlib.suppress(PgcarveError):
                     host.storage.delete_volume(volume)
             fleet.forwards.remove(name)
+    fleet.sync_records.remove(instance_name(fleet_name, index))
 
 
 def discard_half_made(fleet: Fleet) -> list[str]:
