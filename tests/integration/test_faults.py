@@ -269,7 +269,7 @@ def test_manager_killed_mid_scale_and_libvirtd_restarted(carve_env: CarveEnv, fl
         assert op["status"] == "succeeded", op
 
 
-def test_failover_policy_promotes_and_rebuilds(carve_env: CarveEnv, fleet: Fleet) -> None:
+def test_failover_policy_promotes_and_rejoins(carve_env: CarveEnv, fleet: Fleet) -> None:
     raw = carve_env.config.model_dump(mode="json")
     raw["recovery"] = {"primary": "failover", "enabled": True}
     hosts_file = IT_STATE / "hosts-failover.yaml"
@@ -301,4 +301,6 @@ def test_failover_policy_promotes_and_rebuilds(carve_env: CarveEnv, fleet: Fleet
     inst = fleet.instance(INSTANCE)
     assert inst.primary is not None and inst.primary.name != INSTANCE
     assert sorted(s.info.host for s in inst.standbys) == sorted({"h0", "h1", "h2"} - {inst.primary.info.host})
+    # The killed primary's guest rejoined as a standby rather than being replaced by a new guest.
+    assert INSTANCE in {s.name for s in inst.standbys}, [s.name for s in inst.standbys]
     carve_env.restart_server()  # back to the default hosts file for whatever runs next
