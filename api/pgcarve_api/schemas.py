@@ -45,6 +45,14 @@ class InstanceOut(BaseModel):
     writes: str = Field("unknown", description="whether commits are accepted now, and if not, why")
     incident: str | None = Field(None, description="the latest fault not recovered yet, if any")
     standbys: list[StandbyOut]
+    retired_at: float | None = Field(None, description="retired instances: when (unix time); their disks are kept")
+    disk_mib: int | None = Field(None, description="retired instances: space their kept disks take")
+
+
+class PurgeOut(BaseModel):
+    name: str
+    purged_mib: int = Field(description="disk space freed")
+    volumes: list[str] = Field(description="the guests whose disks were deleted, and where")
 
 
 class IncidentOut(BaseModel):

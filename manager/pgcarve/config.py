@@ -42,6 +42,10 @@ class Replication(BaseModel):
     sync_mode: Literal["FIRST", "ANY"] = "FIRST"
     sync_count: int = Field(1, ge=1, le=4, description="standbys that must confirm each commit")
     synchronous_commit: Literal["off", "local", "remote_write", "on", "remote_apply"] = "remote_write"
+    retire_catch_up_s: int = Field(
+        120, ge=5, le=3600,
+        description="scale-down: how long a synchronous standby may take to replay everything once writes are "
+                    "fenced; after that the instance is not retired and accepts writes again")
 
     @model_validator(mode="after")
     def _count_fits(self) -> Replication:

@@ -4,7 +4,7 @@ PGCARVE_FAILPOINTS=name1,name2 (read once, at the first check) makes the process
 status 137 the first time it reaches each named point; a file per point in PGCARVE_FAILPOINT_DIR
 (default: the working directory) remembers that it fired, so a restarted manager goes past it.
 Unset (always, outside tests), a failpoint costs one set lookup. The fault tests use them to stop
-the manager between the steps of a failover (tests/integration/test_failover.py).
+the manager between the steps of a failover (tests/integration/test_host_failures.py).
 """
 
 from __future__ import annotations

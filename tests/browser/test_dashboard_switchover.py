@@ -143,7 +143,7 @@ def test_confirmed_switchover_is_sent_and_followed(browser: Browser, live_api: L
     target = page.get_by_test_id("switchover-target")
     message = page.get_by_test_id("switchover-message")
     try:
-        page.route("**/v1/instances", lambda route: route.fulfill(json=docs))
+        page.route("**/v1/instances?include=retired", lambda route: route.fulfill(json=docs))
         page.goto(live_api.base_url + "/")
         first = page.get_by_role("button", name="Switch over pgc-01")
         second = page.get_by_role("button", name="Switch over pgc-02")

@@ -23,6 +23,8 @@ import pytest
 from pgcarve.config import FleetConfig
 from pgcarve.control.fleet import Fleet
 from pgcarve.control.removal import remove_instance
+from pgcarve.control.retired import retired_instances
+from pgcarve.control.retirement import purge
 from pgcarve.processes import stop_pid
 from pgcarve.sandbox.hosts import Sandbox
 from pgcarve.settings import Paths
@@ -98,6 +100,8 @@ class CarveEnv:
             fleet = Fleet(self.config, self.paths)
             for inst in fleet.observe(with_endpoints=False):
                 remove_instance(fleet, inst)
+            for retired in retired_instances(fleet):
+                purge(fleet, retired.name)
             fleet.close()
         self.sandbox.down()
         return self.sandbox.leftovers()

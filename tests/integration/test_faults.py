@@ -26,6 +26,7 @@ from pgcarve.control.fleet import Fleet
 from pgcarve.control.removal import leftovers
 from pgcarve.control.scaler import Scaler
 from pgcarve.errors import CapacityError
+from pgcarve.postgres.session import CLIENT_DATABASE
 from pgcarve.sandbox.faults import SandboxFaults
 
 from tests.integration.conftest import IT_STATE, TOKEN, CarveEnv, wait_for, wait_operation
@@ -49,12 +50,17 @@ pytestmark = pytest.mark.integration
 def one_instance(carve_env: CarveEnv) -> None:
     """pgc-01 with its two standbys: left by test_carve.py, or made here when run alone."""
     names = [d["name"] for d in api_get(carve_env, "/v1/instances")]
-    if names != [INSTANCE]:
-        with carve_env.client() as client:
+    with carve_env.client() as client:
+        if names != [INSTANCE]:
             resp = client.put("/v1/scale", json={"instances": 1})
             assert resp.status_code == 202, resp.text
             op = wait_operation(carve_env, resp.json()["operation"], 1200)
             assert op["status"] == "succeeded", op
+        # Tests here create pgc-02 anew: nothing retired may stand in for it.
+        for doc in client.get("/v1/instances", params={"include": "retired"}).json():
+            if doc["state"] == "retired":
+                resp = client.delete(f"/v1/instances/{doc['name']}", params={"confirm": doc["name"]})
+                assert resp.status_code == 200, resp.text
 
 
 def sync_standby(fleet: Fleet) -> str:
@@ -214,8 +220,19 @@ def test_disk_full_during_scale_up_leaves_nothing(carve_env: CarveEnv, fleet: Fl
 
 
 def test_manager_killed_mid_scale_and_libvirtd_restarted(carve_env: CarveEnv, fleet: Fleet) -> None:
+    """The manager dies (failpoint: as kill -9 would) while pgc-02 is being created, once its first
+    standby replays; a client then commits a row there (the instance can acknowledge commits,
+    though it was not offered yet). Every libvirtd restarts, then the manager: it keeps pgc-02
+    (never discards an instance that may hold an acknowledged commit), removes only standbys
+    still being built, and the HA loop builds them again; pgc-01's writer loses nothing."""
     log_file = IT_STATE / "server.log"  # appended to by every server start: read only what follows
     log_start = log_file.stat().st_size
+    failpoints = IT_STATE / "failpoints"
+    failpoints.mkdir(exist_ok=True)
+    for marker in failpoints.glob("*"):
+        marker.unlink()
+    carve_env.restart_server(extra_env={"PGCARVE_FAILPOINTS": "provisioning.standby_replaying",
+                                        "PGCARVE_FAILPOINT_DIR": str(failpoints)})
     with writer_for(carve_env, fleet) as writer:
         writer.wait_for_acks(20, 120, "writes before the fault")
         with carve_env.client() as client:
@@ -223,16 +240,29 @@ def test_manager_killed_mid_scale_and_libvirtd_restarted(carve_env: CarveEnv, fl
             assert resp.status_code == 202, resp.text
             op_id = resp.json()["operation"]
 
-        def standbys_being_built() -> bool:
-            steps = api_get(carve_env, f"/v1/operations/{op_id}")["steps"]
-            return any(name.startswith("pgc-02-s") for name in steps)
+        def offered_too_early() -> bool:
+            """Until the manager stops: pgc-02 is never offered (no DSN) while being built."""
+            if carve_env.server.poll() is not None:
+                return True
+            try:
+                docs = api_get(carve_env, "/v1/instances")
+            except Exception:
+                return False
+            for doc in docs:
+                if doc["name"] == "pgc-02":
+                    assert doc["dsn"] is None and doc["state"] == "creating", doc
+            return False
 
-        wait_for(standbys_being_built, "pgc-02's standbys to be started", 600)
-        carve_env.server.kill()  # -9, in the middle of building pgc-02
-        carve_env.server.wait(30)
-        half = [g.name for g in fleet.guests() if g.metadata.index == 2]
-        print("left by the killed manager:", half)
-        assert half and all(g.creating for g in fleet.guests() if g.metadata.index == 2)
+        wait_for(offered_too_early, "the manager to stop at its failpoint while building pgc-02", 1200)
+        assert carve_env.server.wait(30) == 137
+        half = {g.name: g.creating for g in fleet.guests() if g.metadata.index == 2}
+        print("left by the killed manager (name: still marked creating):", half)
+        assert half.get("pgc-02") is False, "the primary loses its mark before any standby exists"
+        primary = fleet.instance("pgc-02").primary
+        assert primary is not None
+        with fleet.connect(primary, database=CLIENT_DATABASE) as conn:
+            conn.execute("create table taken(note text)")
+            conn.execute("insert into taken values ('acknowledged while pgc-02 was being created')")
         for index in range(3):
             SandboxFaults(carve_env.sandbox).restart_libvirtd(f"h{index}")
         carve_env.restart_server()
@@ -241,9 +271,15 @@ def test_manager_killed_mid_scale_and_libvirtd_restarted(carve_env: CarveEnv, fl
         with log_file.open("rb") as f:
             f.seek(log_start)
             log = f.read().decode(errors="replace")
-        assert "half-made instance pgc-02" in log
+        assert "half-made instance pgc-02" not in log, "pgc-02 may hold an acknowledged commit: never discarded"
         assert "instance pgc-01 (" not in log, "the whole instance pgc-01 was taken for half-made"
+        wait_for(lambda: sum(s["state"] == "streaming" for s in api_get(carve_env, "/v1/instances/pgc-02")["standbys"])
+                 == 2, "pgc-02's standbys built again and streaming", 1200)
         writer.wait_for_acks(20, 300, "writes after the manager and libvirtd restarts")
+    primary = fleet.instance("pgc-02").primary
+    assert primary is not None
+    with fleet.connect(primary, database=CLIENT_DATABASE) as conn:
+        assert conn.execute("select count(*) from taken").fetchone() == (1,)
 
     instances = fleet.observe()
     assert [i.name for i in instances] == ["pgc-01", "pgc-02"]
@@ -267,6 +303,8 @@ def test_manager_killed_mid_scale_and_libvirtd_restarted(carve_env: CarveEnv, fl
         resp = client.put("/v1/scale", json={"instances": 1})
         op = wait_operation(carve_env, resp.json()["operation"], 600)
         assert op["status"] == "succeeded", op
+        resp = client.delete("/v1/instances/pgc-02", params={"confirm": "pgc-02"})  # retired: purged
+        assert resp.status_code == 200, resp.text
 
 
 def test_failover_policy_promotes_and_rejoins(carve_env: CarveEnv, fleet: Fleet) -> None:

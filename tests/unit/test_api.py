@@ -154,7 +154,10 @@ def test_plan_scale() -> None:
             self.index = index
 
     plan = plan_scale([Inst(1), Inst(2), Inst(5)], 3)  # type: ignore[list-item]
-    assert plan.create == (3,) and plan.remove == (5,)
+    assert plan.create == (3,) and plan.retire == (5,) and plan.revive == ()
+    # Retired instances come back in their own slots; only slots with nothing retired are new.
+    plan = plan_scale([Inst(1)], 4, retired=(3, 5))  # type: ignore[list-item]
+    assert plan.revive == (3,) and plan.create == (2, 4) and plan.retire == ()
     assert plan_scale([], 0).create == ()
 
 

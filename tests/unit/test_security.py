@@ -394,6 +394,7 @@ def _routes(app: FastAPI, methods: set[str]) -> list[tuple[str, str]]:
 
 
 MUTATION_BODIES: dict[tuple[str, str], dict[str, object]] = {
+    ("DELETE", "/v1/instances/{name}"): {},
     ("PUT", "/v1/scale"): {"instances": 1},
     ("POST", "/v1/instances/{name}/failover"): {"to": "pgc-01-s1", "force": True},
     ("POST", "/v1/instances/{name}/switchover"): {},

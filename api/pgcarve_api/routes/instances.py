@@ -1,20 +1,34 @@
-from fastapi import APIRouter, status
+from typing import Literal
+
+from fastapi import APIRouter, Query, status
 
 from pgcarve_api.deps import MutationAuth, ReadAuth, ServiceDep
-from pgcarve_api.schemas import FailoverIn, InstanceOut, OperationAccepted, SwitchoverIn
+from pgcarve_api.schemas import FailoverIn, InstanceOut, OperationAccepted, PurgeOut, SwitchoverIn
 
 router = APIRouter(prefix="/v1", tags=["instances"], dependencies=[ReadAuth])
 
 
 @router.get("/instances", response_model=list[InstanceOut])
-def list_instances(service: ServiceDep) -> list[dict[str, object]]:
+def list_instances(service: ServiceDep,
+                   include: Literal["retired"] | None = Query(None, description="`retired`: list retired "
+                                                              "instances too (state retired, disks kept)"),
+                   ) -> list[dict[str, object]]:
     """Every instance: its primary's pinned host CPUs, DSN and its standbys' replication state."""
-    return service.instance_docs()
+    return service.instance_docs(include_retired=include == "retired")
 
 
 @router.get("/instances/{name}", response_model=InstanceOut)
 def get_instance(name: str, service: ServiceDep) -> dict[str, object]:
     return service.instance_doc(name)
+
+
+@router.delete("/instances/{name}", response_model=PurgeOut, dependencies=[MutationAuth])
+def purge(name: str, service: ServiceDep,
+          confirm: str | None = Query(None, description="the instance's name again: deleting its data is for good"),
+          ) -> dict[str, object]:
+    """Delete a retired instance's disks (its database) for good. Refused for an instance that
+    is not retired (scale down first), and without `confirm` repeating its name."""
+    return service.purge(name, confirm)
 
 
 @router.post("/instances/{name}/failover", response_model=OperationAccepted, status_code=status.HTTP_202_ACCEPTED,

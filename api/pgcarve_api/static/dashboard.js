@@ -381,12 +381,13 @@
   async function loadInstances() {
     const error = $("instances-error");
     try {
-      const r = await api("/v1/instances");
+      const r = await api("/v1/instances?include=retired");
       if (!r.ok) throw new Error(r.status === 401 ? "reads need the API token (use “set token”)"
         : detailText(r.data, r.status));
       state.instances = Array.isArray(r.data) ? r.data : [];
       error.hidden = true;
-      if (!Number.isInteger(state.count) || state.polling) setCount(state.instances.length);
+      const live = state.instances.filter((i) => i.state !== "retired").length;
+      if (!Number.isInteger(state.count) || state.polling) setCount(live);
       renderInstances();
     } catch (err) {
       error.textContent = `Could not read the instances: ${err.message}`;
@@ -397,7 +398,17 @@
   // The guest's state, plus what an operator must know now: commits waiting, a fault being repaired.
   function stateCell(inst) {
     const wrap = el("span", { class: "state" });
-    wrap.append(badge(inst.state, inst.state === "running" ? "ok" : "bad"));
+    const b = badge(inst.state, inst.state === "running" ? "ok" : (inst.state === "retired" ? "retired" : "bad"));
+    // Retired: its disks are kept; the words say since when, how much, and how to bring it back or purge it.
+    if (inst.state === "retired" || inst.writes.startsWith("refused") || inst.writes.startsWith("not offered")) {
+      b.title = inst.writes;
+    }
+    wrap.append(b);
+    if (inst.writes && inst.writes.startsWith("refused")) {
+      const f = badge("writes fenced", "pending");
+      f.title = inst.writes;
+      wrap.append(" ", f);
+    }
     if (inst.writes && inst.writes.startsWith("waiting")) {
       const b = badge("writes waiting", "bad");
       b.title = inst.writes;
@@ -413,6 +424,7 @@
 
   /** Problems first when sorted ascending: not running, writes waiting, being repaired, fine. */
   function stateRank(inst) {
+    if (inst.state === "retired") return 4;
     if (inst.state !== "running") return 0;
     if (inst.writes && inst.writes.startsWith("waiting")) return 1;
     if (inst.incident) return 2;
@@ -425,7 +437,8 @@
     for (const sb of standbys) {
       wrap.append(el("div", { class: "standby", "data-testid": "standby", "data-standby": sb.name },
         el("span", { class: "sb-name", text: sb.name }),
-        badge(sb.state || "unknown", sb.state === "streaming" ? "streaming" : (sb.state ? "pending" : "bad")),
+        badge(sb.state || "unknown", sb.state === "streaming" ? "streaming"
+          : (sb.state === "retired" ? "retired" : (sb.state ? "pending" : "bad"))),
         sb.sync_state ? badge(sb.sync_state) : null,
         el("span", { class: "sb-lag", text: `lag ${humanBytes(sb.replay_lag_bytes)}` })));
     }
@@ -614,6 +627,7 @@
 
   /** Why `inst` cannot be switched over now, or null when it can. */
   function switchoverBlocked(inst, busy) {
+    if (inst.state === "retired") return `${inst.name} is retired (its disks are kept): scale up to bring it back`;
     if (inst.state !== "running") {
       return `${inst.name}'s primary is not running (${inst.state}): there is nothing to switch over from`;
     }

@@ -76,6 +76,10 @@ class ApiClient:
         return self._check(httpx.put(f"{self.url}{path}", json=body, headers=self.headers, timeout=self.timeout_s,
                                      verify=self.verify))
 
+    def delete(self, path: str, **params: Any) -> Any:
+        return self._check(httpx.delete(f"{self.url}{path}", params=params, headers=self.headers,
+                                        timeout=self.timeout_s, verify=self.verify))
+
     def healthy(self) -> bool:
         try:
             return httpx.get(f"{self.url}/healthz", timeout=2, verify=self.verify).status_code == 200

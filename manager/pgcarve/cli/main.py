@@ -57,8 +57,13 @@ def build_parser(settings: Settings) -> argparse.ArgumentParser:
     status.add_argument("--local", action="store_true", help="read libvirt directly even if a server runs")
     status.set_defaults(func=fleet_commands.cmd_status)
 
-    down = sub.add_parser("down", help="remove every instance of the fleet (their data goes too)")
+    down = sub.add_parser("down", help="remove every instance of the fleet, retired ones too (their data goes too)")
     down.set_defaults(func=fleet_commands.cmd_down)
+
+    purge = sub.add_parser("purge", help="delete a retired instance's disks (its database) for good")
+    purge.add_argument("name", help="the retired instance, e.g. pgc-02")
+    purge.add_argument("--confirm", metavar="NAME", help="the name again (asked for on a terminal otherwise)")
+    purge.set_defaults(func=fleet_commands.cmd_purge)
 
     plan = sub.add_parser("plan", help="explain which host CPUs and NUMA node each instance gets")
     plan.add_argument("--instances", type=int, required=True)

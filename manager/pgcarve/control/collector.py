@@ -114,6 +114,7 @@ class _Link:
     client_xacts: int | None = None  # the last client count handed out (never lowered)
     standbys: tuple[StandbyState, ...] = field(default_factory=tuple)
     sync_waiting: int = 0  # sessions stuck waiting for a synchronous standby at the last poll
+    write_fence: str | None = None  # why the primary refused new writes at the last poll
     # The poll in flight; it may outlive a round (slow connect, hung guest) and is harvested later.
     task: asyncio.Task[Sample | str] | None = None
 
@@ -177,6 +178,11 @@ class Collector:
         """Sessions of ``instance`` whose commit had waited > 3 s for a synchronous standby at the last poll."""
         link = self._links.get(instance)
         return link.sync_waiting if link else 0
+
+    def write_fence(self, instance: str) -> str | None:
+        """Why the instance's primary refused new writes at the last poll (None: it did not)."""
+        link = self._links.get(instance)
+        return link.write_fence if link else None
 
     async def poll_once(self) -> Snapshot:
         """Poll every current target concurrently, update the tracker, record a snapshot.
@@ -334,6 +340,7 @@ class Collector:
         link.last_raw_xacts, link.last_epoch = raw_xacts, epoch
         link.standbys = polled.standbys
         link.sync_waiting = polled.sync_waiting
+        link.write_fence = polled.write_fence
         self._count_autovacuum(link, polled.autovacuum_ops, polled.autovacuum_tables, polled.autovacuum_workers)
         link.server_now = polled.server_now
         client_xacts = polled.client_xacts - own_before - link.background_xacts

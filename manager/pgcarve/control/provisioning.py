@@ -7,6 +7,7 @@ killed half-way knows what it never finished: control/removal.py).
 
 from __future__ import annotations
 
+import logging
 import tempfile
 import time
 from collections.abc import Callable
@@ -19,16 +20,19 @@ import psycopg
 from pgcarve.config import HostConfig
 from pgcarve.control.capacity import require_free_space
 from pgcarve.control.fleet import Fleet, Guest, Instance, Progress, no_progress
-from pgcarve.control.removal import discard_instance
+from pgcarve.control.removal import discard_instance, remove_guest
 from pgcarve.control.sync import initial_record, names_for
 from pgcarve.control.sync_record import SyncRecord
-from pgcarve.errors import CapacityError, GuestNotReady
+from pgcarve.errors import CapacityError, GuestNotReady, PgcarveError
+from pgcarve.failpoints import failpoint
 from pgcarve.guest.seed import GuestSeed, write_seed_iso
-from pgcarve.naming import application_name, instance_name, slot_name, standby_name
+from pgcarve.naming import application_name, disk_volume, instance_name, seed_volume, slot_name, standby_name
 from pgcarve.postgres import replication
 from pgcarve.postgres.session import first_line
 from pgcarve.virt.domain_xml import Disk, DomainSpec, InstanceMetadata, Nic, mac_for
 from pgcarve.virt.storage import BaseImage
+
+log = logging.getLogger(__name__)
 
 Readiness = Callable[[HostConfig, str, Progress, bool], Guest]
 """(host, guest name, progress, standby?) -> the guest once its PostgreSQL is ready for its role."""
@@ -60,8 +64,8 @@ class Provisioner:
             hugepages=self.fleet.config.instance.hugepages,
             kernel=image.kernel_path,
             initrd=image.initrd_path,
-            disks=(Disk("vda", host.pool, f"{name}.qcow2"),
-                   Disk("vdb", host.pool, f"{name}-seed.iso", format="raw", readonly=True)),
+            disks=(Disk("vda", host.pool, disk_volume(name)),
+                   Disk("vdb", host.pool, seed_volume(name), format="raw", readonly=True)),
             nics=(Nic(host.network, mac_for(self.fleet.config.fleet, name)),),
             console_log=f"/var/log/libvirt/qemu/{name}-console.log",
             creating=creating,
@@ -90,7 +94,7 @@ class Provisioner:
             iso = Path(tmp) / "seed.iso"
             # A new instance-id each time: the guest tells a new seed from one it has acted on.
             write_seed_iso(seed, f"{name}-{time.time_ns()}", iso)
-            self.fleet.hosts[host.name].storage.upload_file(f"{name}-seed.iso", iso)
+            self.fleet.hosts[host.name].storage.upload_file(seed_volume(name), iso)
 
     # -- one guest ---------------------------------------------------------------------------
 
@@ -101,11 +105,32 @@ class Provisioner:
         image = self.fleet.images.on(host.name)
         require_free_space(self.fleet, host.name, self.fleet.config.instance.disk_reserve_mib)
         progress(name, f"disk and seed on {host.name}", 0.1)
-        lv.storage.create_overlay(f"{name}.qcow2", image.disk, self.fleet.config.instance.disk_gib)
+        lv.storage.create_overlay(disk_volume(name), image.disk, self.fleet.config.instance.disk_gib)
         self.write_seed(host, name, seed)
         spec = self.domain_spec(host, name, meta, image, self.fleet.domain_types.of(host.name), creating=True)
         progress(name, f"starting on {host.name} CPUs {','.join(map(str, spec.vcpu_pins))}", 0.2)
         lv.define_and_start(spec)
+
+    def boot_kept_disk(self, host_name: str, name: str, meta: InstanceMetadata, image_tag: str,
+                       start: bool = True) -> None:
+        """Define guest `name` again on the disk and seed it left behind (a retired instance
+        coming back: control/retirement.py), in its planned slot with its MAC, booting the image
+        version its disk was made from; start it unless told not to."""
+        host = self.fleet.config.host(host_name)
+        lv = self.fleet.hosts[host_name]
+        seed = seed_volume(name)
+        if seed not in lv.storage.volume_names():
+            raise GuestNotReady(f"{name} on {host_name}: its seed volume {seed} is gone; it cannot boot as it was")
+        image = lv.storage.uploaded_image(image_tag) if image_tag else None
+        if image is None:
+            image = self.fleet.images.on(host_name)
+            log.warning("%s: image version %s is no longer on %s; booting its disk with the current kernel",
+                        name, image_tag or "(unknown)", host_name)
+        spec = self.domain_spec(host, name, meta, image, self.fleet.domain_types.of(host_name))
+        if start:
+            lv.define_and_start(spec)
+        else:
+            lv.define(spec)
 
     def wait_sql(self, host: HostConfig, name: str, progress: Progress, standby: bool = False) -> Guest:
         """Wait until PostgreSQL in the guest accepts our login (and, for a standby, is in recovery)."""
@@ -149,20 +174,24 @@ class Provisioner:
         """Create instance `index`: its primary, then its standbys cloned from it, and wait
         until the primary accepts SQL and every standby streams from it.
 
-        On any failure the instance's guests and disks are removed again, so a failed
-        scale-up leaves nothing half-made (the instance held no acknowledged data yet).
+        The primary loses its "creating" mark before any standby exists: from then on it could
+        acknowledge a commit, so a restarted manager never discards it as half-made
+        (control/removal.py). A failure here removes the whole instance only while it could not
+        have acknowledged a commit; otherwise the instance stays and only its unfinished standbys
+        go (the HA loop builds them again).
         """
         with self.fleet.locks.exclusive(index, "creating"):
+            replaying: set[str] = set()
             try:
-                instance = self._create_instance(index, progress)
-            except BaseException:
-                discard_instance(self.fleet, index)
+                instance = self._create_instance(index, progress, replaying)
+            except BaseException as exc:
+                self._after_failed_create(index, exc, replaying)
                 raise
-            for guest in instance.guests:
+            for guest in instance.standbys:
                 self.fleet.hosts[guest.info.host].mark_complete(guest.name)
             return instance
 
-    def _create_instance(self, index: int, progress: Progress = no_progress) -> Instance:
+    def _create_instance(self, index: int, progress: Progress, replaying: set[str]) -> Instance:
         fleet_name = self.fleet.config.fleet
         name = instance_name(fleet_name, index)
         primary_host, standby_hosts = self.fleet.placement.hosts_for(index)
@@ -174,17 +203,51 @@ class Provisioner:
             self.fleet.sync_records.put(record)
         self.create_guest(primary_host, name, meta, self.primary_seed(name, record), progress)
         primary = self.ready(primary_host, name, progress, False)
+        self.fleet.hosts[primary_host.name].mark_complete(name)
+        failpoint("provisioning.primary_ready")
         progress(name, "primary accepts SQL", 1.0 if not standby_names else 0.6)
         if not standby_names:
             return self.fleet.instance(name)
         with ThreadPoolExecutor(max_workers=len(standby_names)) as pool:
-            futures = [pool.submit(self.create_standby, primary, host, sname, s, progress)
-                       for s, (sname, host) in enumerate(zip(standby_names, standby_hosts, strict=True), start=1)]
-            for future in futures:
+            futures = {sname: pool.submit(self.create_standby, primary, host, sname, s, progress)
+                       for s, (sname, host) in enumerate(zip(standby_names, standby_hosts, strict=True), start=1)}
+            for sname, future in futures.items():
                 future.result()
+                replaying.add(sname)
+                failpoint("provisioning.standby_replaying")
         self.wait_streaming(primary, standby_names, progress)
         progress(name, "ready", 1.0)
         return self.fleet.instance(name)
+
+    def _after_failed_create(self, index: int, exc: BaseException, replaying: set[str]) -> None:
+        """Remove a failed new instance, unless it could have acknowledged a commit: with
+        synchronous replication, once a standby streamed from it (one that finished here, or one
+        streaming now); without, from its first answer. Then the instance stays; only its standbys
+        that never got going are removed (the HA loop builds them again). When its primary cannot
+        be asked, assume it could have: keep the data."""
+        name = instance_name(self.fleet.config.fleet, index)
+        instance = next((i for i in self.fleet.observe() if i.index == index), None)
+        primary = instance.primary if instance else None
+        if instance is None or primary is None or primary.info.creating:
+            discard_instance(self.fleet, index)
+            return
+        config = self.fleet.config.replication
+        try:
+            with self.fleet.connect(primary, timeout_s=5) as conn:
+                streaming = replication.streaming_standbys(conn)
+            going = replaying | {g.name for g in instance.standbys if application_name(g.name) in streaming}
+        except (psycopg.Error, PgcarveError):
+            going = {g.name for g in instance.standbys}
+        if not going and config.standbys and config.synchronous_commit not in ("off", "local"):
+            discard_instance(self.fleet, index)
+            return
+        for guest in instance.standbys:
+            if guest.name in going:
+                self.fleet.hosts[guest.info.host].mark_complete(guest.name)
+            else:
+                remove_guest(self.fleet, guest.info)
+        log.error("creating %s failed (%s), but it could already acknowledge commits: it is kept (primary %s); "
+                  "the HA loop builds its missing standbys", name, exc, primary.name)
 
     def create_standby(self, primary: Guest, host: HostConfig, name: str, number: int,
                        progress: Progress = no_progress) -> Guest:
@@ -222,12 +285,16 @@ class Provisioner:
         return self.wait_sql(host, guest.name, progress, standby=True)
 
     def wait_streaming(self, primary: Guest, standbys: list[str], progress: Progress,
-                       timeout_s: float = 300) -> None:
-        """Until every one of `standbys` streams from `primary`."""
+                       timeout_s: float = 300, renew_lease: bool = False) -> None:
+        """Until every one of `standbys` streams from `primary`; `renew_lease`: keep the manager's
+        lease fresh meanwhile (a primary whose watchdog saw the manager before must not fence
+        itself while its standbys boot)."""
         wanted = {application_name(s) for s in standbys}
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
             with self.fleet.connect(primary) as conn:
+                if renew_lease:
+                    replication.renew_manager_lease(conn)
                 if wanted <= replication.streaming_standbys(conn):
                     return
             progress(primary.name, "waiting for standbys to stream", 0.9)

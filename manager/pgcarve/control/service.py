@@ -23,10 +23,12 @@ from pgcarve.control.fleet import Fleet, Instance, Progress
 from pgcarve.control.operations import Operation, OperationQueue
 from pgcarve.control.rates import RateTracker, Snapshot
 from pgcarve.control.removal import discard_half_made
+from pgcarve.control.retired import RetiredInstance, retired_doc, retired_instances
+from pgcarve.control.retirement import finish_interrupted, purge
 from pgcarve.control.scaler import Scaler
 from pgcarve.control.supervisor import Incident, Supervisor
 from pgcarve.control.switchover import Switchover
-from pgcarve.errors import ConfigError, NotFound, PgcarveError
+from pgcarve.errors import ConfigError, Conflict, NotFound, PgcarveError
 from pgcarve.naming import application_name
 from pgcarve.planning.planner import explain, plan_host, plan_to_dict
 from pgcarve.postgres.session import ADMIN_USER
@@ -44,6 +46,7 @@ class FleetView:
     instances: tuple[Instance, ...]
     observed_at: float
     error: str | None = None
+    retired: tuple[RetiredInstance, ...] = ()  # kept disks, no guests (control/retired.py)
 
 
 class ManagerService:
@@ -73,6 +76,8 @@ class ManagerService:
         if self.supervisor is not None:
             start_event_loop()  # before any connection, so every connection notices a restarted libvirtd
         try:
+            for what in finish_interrupted(self.fleet):
+                log.warning("%s, left half-way by a manager that stopped in the middle of an operation", what)
             for what in discard_half_made(self.fleet):
                 log.warning("removed %s, left by a manager that stopped in the middle of an operation", what)
         except PgcarveError as exc:
@@ -105,11 +110,13 @@ class ManagerService:
 
     def refresh(self) -> FleetView:
         try:
-            view = FleetView(instances=tuple(self.fleet.observe()), observed_at=time.time())
+            view = FleetView(instances=tuple(self.fleet.observe()), observed_at=time.time(),
+                             retired=tuple(retired_instances(self.fleet)))
         except PgcarveError as exc:
             log.error("could not observe the fleet: %s", exc)
             with self._view_lock:
-                view = FleetView(self._view.instances, self._view.observed_at, error=str(exc))
+                view = FleetView(self._view.instances, self._view.observed_at, error=str(exc),
+                                 retired=self._view.retired)
         with self._view_lock:
             self._view = view
         return view
@@ -160,13 +167,21 @@ class ManagerService:
     def replication(self, instance: str) -> list[StandbyState]:
         return self.collector.replication(instance) if self.collector else []
 
-    def instance_docs(self) -> list[dict[str, Any]]:
-        return [self._instance_doc(inst) for inst in self.view.instances]
+    def instance_docs(self, include_retired: bool = False) -> list[dict[str, Any]]:
+        view = self.view
+        docs = [self._instance_doc(inst) for inst in view.instances]
+        if include_retired:
+            docs = sorted(docs + [retired_doc(r) for r in view.retired], key=lambda d: str(d["name"]))
+        return docs
 
     def instance_doc(self, name: str) -> dict[str, Any]:
-        for inst in self.view.instances:
+        view = self.view
+        for inst in view.instances:
             if inst.name == name:
                 return self._instance_doc(inst)
+        for retired in view.retired:
+            if retired.name == name:
+                return retired_doc(retired)
         raise NotFound(f"no instance named {name!r}")
 
     def _instance_doc(self, inst: Instance) -> dict[str, Any]:
@@ -183,16 +198,19 @@ class ManagerService:
                 "replay_lag_bytes": row.lag_bytes if row else None,
             })
         incidents = self.supervisor.open_incidents(inst.name) if self.supervisor else []
+        # Not offered to clients before it is whole: being created or brought back, no DSN.
+        building = self.fleet.locks.busy(inst.index) in ("creating", "reviving")
         return {
             "name": inst.name,
             "host": primary.info.host if primary else None,
             "writes": self._writes(inst, rows),
             "incident": incidents[-1].what + ": " + (incidents[-1].message or incidents[-1].status)
             if incidents else None,
-            "state": primary.info.state if primary else "missing",
+            "state": self.fleet.locks.busy(inst.index) if building else (primary.info.state if primary
+                                                                          else "missing"),
             "vcpus": list(primary.host_cpus) if primary else [],
             "memory_mib": primary.info.memory_mib if primary else 0,
-            "dsn": self.fleet.dsn(primary.endpoint) if primary and primary.endpoint else None,
+            "dsn": self.fleet.dsn(primary.endpoint) if primary and primary.endpoint and not building else None,
             "standbys": standbys,
         }
 
@@ -201,6 +219,13 @@ class ManagerService:
         primary = inst.primary
         if primary is None or primary.info.state != "running":
             return "unavailable: the primary is not running"
+        doing = self.fleet.locks.busy(inst.index)
+        if doing in ("creating", "reviving"):
+            return f"not offered yet: {doing} (the instance is offered once all its standbys stream)"
+        fence = self.collector.write_fence(inst.name) if self.collector else None
+        if fence is not None:
+            return (f"refused: new writes are fenced ({fence}"
+                    f"{', ' + doing if doing else ''}); reads are served")
         if self.config.replication.standbys == 0 or self.config.replication.synchronous_commit in ("off", "local"):
             return "accepted"
         if self.collector is None:
@@ -244,6 +269,19 @@ class ManagerService:
         check_capacity(self.fleet, instances)
         return self.operations.submit("scale", instances)
 
+    def purge(self, name: str, confirm: str | None) -> dict[str, Any]:
+        """Delete a retired instance's disks for good; `confirm` must repeat its name."""
+        if confirm != name:
+            raise ConfigError(f"purging deletes {name}'s database for good: repeat its name to confirm "
+                              f"(?confirm={name})")
+        busy = self.operations.active()
+        if busy:
+            raise Conflict(f"operation {busy[0].id} ({busy[0].kind}) is {busy[0].status}; purge when it has finished")
+        retired = purge(self.fleet, name)
+        self.refresh()
+        return {"name": retired.name, "purged_mib": retired.disk_mib,
+                "volumes": [f"{g.name} on {g.host}" for g in retired.guests]}
+
     def _instance(self, name: str) -> Instance:
         inst = next((i for i in self.view.instances if i.name == name), None)
         if inst is None:
@@ -281,7 +319,8 @@ class ManagerService:
         try:
             if op.kind == "scale":
                 plan = self.scaler.scale(op.target, progress)
-                self.operations.update(op, message=f"created {len(plan.create)}, removed {len(plan.remove)}")
+                self.operations.update(op, message=f"created {len(plan.create)}, brought back {len(plan.revive)} "
+                                                   f"from retirement, retired {len(plan.retire)} (disks kept)")
             else:
                 self._run_role_change(op, progress)
         finally:

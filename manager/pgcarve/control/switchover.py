@@ -78,7 +78,7 @@ class Switchover:
                        f"{target.name} to confirm as the synchronous standby")
             progress(primary.name, "refusing new writes (the pause starts)", 0.3)
             paused_at = time.monotonic()
-            lsn = replication.refuse_writes(conn)
+            lsn = replication.refuse_writes(conn, "switchover")
             try:
                 self._wait(lambda: replication.synchronous_standbys_at(conn, [target.name], lsn),
                            f"{target.name} to replay everything {primary.name} wrote (up to {lsn})")

@@ -131,6 +131,12 @@ class SyncKeeper:
             replication.renew_manager_lease(conn)
             if replication.in_recovery(conn):
                 return self._unfence(inst, conn)
+            fence = replication.write_fence(conn)
+            if fence is not None:
+                # Only an operation holding this instance's lock fences it, and none does now.
+                replication.allow_writes(conn)
+                log.warning("%s: lifted the write fence an interrupted %s left on %s; it accepts writes again",
+                            inst.name, fence, primary.name)
             rows = replication.replica_rows(conn)
             current = replication.current_wal_lsn(conn)
             names_now = replication.show_synchronous_standby_names(conn)

@@ -96,10 +96,13 @@ def follow(conn: Connection, primary_address: str, standby_guest: str, slot: str
     conn.execute("select pg_reload_conf()")
 
 
-def refuse_writes(conn: Connection) -> str:
+def refuse_writes(conn: Connection, reason: str) -> str:
     """Make the primary read-only for new transactions and end every client session; returns the
-    WAL position after which nothing more can be written."""
+    WAL position after which nothing more can be written. `reason` is kept beside the setting
+    (pgcarve.write_fence), so the fence can be reported, and lifted if its operation died."""
     conn.execute("alter system set default_transaction_read_only = on")
+    _declare_fence_setting(conn)
+    conn.execute(sql.SQL("alter system set pgcarve.write_fence = {}").format(sql.Literal(reason)))
     conn.execute("select pg_reload_conf()")
     conn.execute("select pg_terminate_backend(pid) from pg_stat_activity "
                  "where backend_type = 'client backend' and pid <> pg_backend_pid()")
@@ -171,10 +174,28 @@ def settle_new_primary(conn: Connection) -> None:
     conn.execute("alter system reset primary_conninfo")
     conn.execute("alter system reset primary_slot_name")
     conn.execute("alter system reset default_transaction_read_only")
+    _declare_fence_setting(conn)
+    conn.execute("alter system reset pgcarve.write_fence")
     conn.execute("select pg_reload_conf()")
 
 
 def allow_writes(conn: Connection) -> None:
     """Undo refuse_writes: new transactions may write again."""
     conn.execute("alter system reset default_transaction_read_only")
+    _declare_fence_setting(conn)
+    conn.execute("alter system reset pgcarve.write_fence")
     conn.execute("select pg_reload_conf()")
+
+
+def _declare_fence_setting(conn: Connection) -> None:
+    """PostgreSQL before 17 lets ALTER SYSTEM touch a custom setting only once the session knows
+    it: a session-level SET declares it (and changes nothing for anyone else)."""
+    conn.execute("select set_config('pgcarve.write_fence', coalesce(current_setting('pgcarve.write_fence', true), "
+                 "''), false)")
+
+
+def write_fence(conn: Connection) -> str | None:
+    """The reason refuse_writes recorded, if its fence holds on this server now."""
+    row = conn.execute("select current_setting('default_transaction_read_only')::bool, "
+                       "nullif(current_setting('pgcarve.write_fence', true), '')").fetchone()
+    return str(row[1]) if row and row[0] and row[1] else None

@@ -98,7 +98,12 @@ _POLL = sql.SQL(
     " (SELECT pg_catalog.array_agg(a.pid) FROM pg_catalog.pg_stat_activity a"
     " WHERE a.backend_type = 'autovacuum worker'"
     " AND a.datname = pg_catalog.current_database()) AS autovacuum_workers,"
-    " pg_catalog.now() AS server_now"
+    " pg_catalog.now() AS server_now,"
+    # A write fence (replication.refuse_writes): read-only for new transactions, and why.
+    " CASE WHEN pg_catalog.current_setting('default_transaction_read_only')::bool"
+    " AND NOT pg_catalog.pg_is_in_recovery() THEN COALESCE(NULLIF("
+    "pg_catalog.current_setting('pgcarve.write_fence', true), ''), 'read-only by configuration') END"
+    " AS write_fence"
 )
 
 
@@ -141,11 +146,12 @@ class PollRow:
     autovacuum_tables: int  # tables autovacuum finished since ``since``
     autovacuum_workers: frozenset[int]  # autovacuum workers in the polled database now
     server_now: Any  # the server's clock at this poll, passed back as the next ``since``
+    write_fence: str | None = None  # why new writes are refused on this primary (None: they are not)
 
     @classmethod
     def parse(cls, row: tuple[Any, ...]) -> PollRow:
         (all_xacts, client_xacts, all_calls, client_calls, lag_bytes, standbys, epoch, sync_waiting,
-         autovacuum_ops, autovacuum_tables, autovacuum_workers, server_now) = row[:12]
+         autovacuum_ops, autovacuum_tables, autovacuum_workers, server_now, write_fence) = row[:13]
         return cls(
             all_xacts=int(all_xacts),
             client_xacts=int(client_xacts or 0),
@@ -159,6 +165,7 @@ class PollRow:
             autovacuum_tables=int(autovacuum_tables or 0),
             autovacuum_workers=frozenset(autovacuum_workers or ()),
             server_now=server_now,
+            write_fence=None if write_fence is None else str(write_fence),
         )
 
 

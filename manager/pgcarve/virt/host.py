@@ -58,6 +58,7 @@ class GuestInfo:
     memory_mib: int
     mac: str | None
     creating: bool = False  # still being built by a scale operation (see domain_xml.CREATING_NS)
+    kernel: str = ""  # the kernel it boots (its image version's volume)
 
 
 class LibvirtHost:
@@ -146,6 +147,11 @@ class LibvirtHost:
             dom = self.conn.defineXML(spec.to_xml())
             dom.setAutostart(0)
             dom.create()
+
+    def define(self, spec: DomainSpec) -> None:
+        """Define the guest without starting it (not autostarted either)."""
+        with self.translate(f"defining {spec.name}"):
+            self.conn.defineXML(spec.to_xml()).setAutostart(0)
 
     def stop(self, name: str) -> bool:
         """Power a guest off at once, keeping its definition and disks; False if it was not running."""
@@ -260,6 +266,7 @@ class LibvirtHost:
             memory_mib=dom.maxMemory() // 1024,
             mac=mac_el.attrib.get("address") if mac_el is not None else None,
             creating=creating,
+            kernel=xml.findtext("os/kernel") or "",
         )
 
     def _affect(self, dom: libvirt.virDomain) -> int:
