@@ -212,7 +212,7 @@ class Sandbox:
             instance=size or InstanceSize(vcpus=1, memory_mib=768, housekeeping_cpus=None, hugepages=False, disk_gib=8,
                                           disk_reserve_mib=1024),
             replication=Replication(standbys=standbys, sync_mode="FIRST", sync_count=1,
-                                    synchronous_commit="remote_write"),
+                                    synchronous_commit="remote_write", retire_catch_up_s=120),
             allowed_cidrs=["10.77.0.0/16", "10.76.0.0/24"],
             hosts=host_configs,
         )
