@@ -3,6 +3,7 @@ files, libvirt's own test driver accepting each, and bad values refused before a
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 import libvirt
@@ -34,10 +35,16 @@ def test_golden(case: str, regenerate: bool) -> None:
 
 
 def test_libvirt_accepts_each() -> None:
-    """Defined on libvirt's test driver, so libvirt itself parses and validates them."""
+    """Defined on libvirt's test driver, so libvirt itself parses and validates them.
+
+    test:///default is one state shared by every connection in this process, and other tests
+    leave a "pgcarve" pool and network on it: the objects here get names of their own."""
+    pool_spec = dataclasses.replace(CASES["pool"], name="pgcarve-xml-check",
+                                    path="/var/lib/libvirt/pgcarve-xml-check")
+    network_spec = dataclasses.replace(CASES["network"], name="pgcarve-xml-check", bridge="pgcxmlbr0")
     conn = libvirt.open("test:///default")
     try:
-        pool = conn.storagePoolDefineXML(CASES["pool"].to_xml(), 0)
+        pool = conn.storagePoolDefineXML(pool_spec.to_xml(), 0)
         try:
             pool.create(0)
             upload = pool.createXML(CASES["volume-upload"].to_xml(), 0)
@@ -47,8 +54,8 @@ def test_libvirt_accepts_each() -> None:
         finally:
             pool.destroy()
             pool.undefine()
-        net = conn.networkDefineXML(CASES["network"].to_xml())
-        assert net.name() == "pgcarve" and "10.77.1.250" in net.XMLDesc(0)
+        net = conn.networkDefineXML(network_spec.to_xml())
+        assert net.name() == "pgcarve-xml-check" and "10.77.1.250" in net.XMLDesc(0)
         net.undefine()
         probe = conn.createXML(CASES["probe-domain"].to_xml().replace("type=\"kvm\"", "type=\"test\""), 0)
         assert probe.isActive()
