@@ -78,7 +78,7 @@ def writer_for(env: CarveEnv, fleet: Fleet) -> AckedWriter:
             return None
         return make_conninfo(doc["dsn"], password=password) if doc.get("dsn") else None
 
-    return AckedWriter(dsn)
+    return AckedWriter(dsn, ca_file=env.paths.tls_dir / "ca.pem")
 
 
 def check_nothing_lost(fleet: Fleet, writer: AckedWriter) -> None:
@@ -129,8 +129,9 @@ def sync_standby(fleet: Fleet) -> str:
 
 
 def test_guest_postgres_security(carve_env: CarveEnv, fleet: Fleet) -> None:
-    """SCRAM only, a replication role that is nothing else, pg_hba limited to the instance networks,
-    and the API token nowhere in the server's log."""
+    """SCRAM only over TLS only, a replication role that is nothing else, pg_hba limited to the
+    instance networks (replication: to the instance's own guests), and the API token nowhere in
+    the server's log."""
     inst = fleet.instance(INSTANCE)
     for guest in (inst.primary, *inst.standbys):
         assert guest is not None
@@ -140,8 +141,11 @@ def test_guest_postgres_security(carve_env: CarveEnv, fleet: Fleet) -> None:
                                  "from pg_hba_file_rules").fetchall()
             host_rules = [r for r in rules if r[0] != "local"]
             assert host_rules and {r[5] for r in host_rules} == {"scram-sha-256"}, rules
+            assert {r[0] for r in host_rules} == {"hostssl"}, rules
             allowed = {"127.0.0.1", "10.77.0.0", "10.76.0.0"}
-            assert {r[3] for r in host_rules} <= allowed, rules
+            assert {r[3] for r in host_rules if r[1] != ["replication"]} <= allowed, rules
+            others = {g.address for g in (inst.primary, *inst.standbys) if g is not None and g.name != guest.name}
+            assert {r[3] for r in host_rules if r[1] == ["replication"]} <= others, rules
             assert all(r[2] == ["replicator"] for r in host_rules if r[1] == ["replication"]), rules
             roles = dict(conn.execute("select rolname, rolsuper from pg_roles where rolname in "
                                       "('pgcarve', 'replicator')").fetchall())

@@ -21,6 +21,7 @@ from typing import Any
 from fastapi import FastAPI
 from pgcarve.config import FleetConfig
 from pgcarve.control.service import ManagerService
+from pgcarve.naming import instance_name
 from pgcarve.settings import Paths
 from pgcarve_api.main import create_app
 from pgcarve_api.settings import Settings
@@ -45,8 +46,10 @@ def service_on_test_driver(state_dir: Path, instances: int = 3, *, vcpus: int = 
     stopped, and the test driver let go, on the way out."""
     keep_alive = reset_test_driver(range(1, instances + 1), vcpus=vcpus, memory_mib=memory_mib)
     try:
-        service = ManagerService(one_host_config(vcpus, memory_mib), Paths(state_dir), refresh_s=refresh_s,
-                                 collect=False, supervise=False)
+        service = ManagerService(one_host_config(vcpus, memory_mib), Paths(state_dir),
+                                 refresh_s=refresh_s, collect=False, supervise=False)
+        for index in range(1, instances + 1):  # their passwords, as if the manager had seeded them
+            service.fleet.secrets.load_or_create(instance_name(service.config.fleet, index))
         service.start()
         try:
             yield service

@@ -2,7 +2,8 @@
 
 The fleet never remembers guests itself: `observe()` reads them back from libvirt's metadata
 each time, so a restarted manager sees exactly what exists. It holds what the doers share: the
-hosts, the placement rule, the credentials, the image uploads, the instance locks. Creating and
+hosts, the placement rule, the credentials (the fleet's and each instance's), the fleet CA, the
+image uploads, the instance locks. Creating and
 removing instances is control/provisioning.py; deciding what to do is the scaler and supervisor.
 """
 
@@ -15,13 +16,14 @@ from dataclasses import dataclass
 from pgcarve.config import FleetConfig, HostConfig
 from pgcarve.control.locks import InstanceLocks, PlannedStops
 from pgcarve.errors import ConfigError, GuestNotReady, NotFound
-from pgcarve.guest.credentials import Credentials, load_credentials
+from pgcarve.guest.credentials import Credentials, InstanceSecrets, InstanceSecretStore, load_credentials
 from pgcarve.guest.image import HostImages
 from pgcarve.guest.probe import DomainTypes
+from pgcarve.guest.tls import FleetCA
 from pgcarve.naming import instance_name
 from pgcarve.planning.placement import Placement
 from pgcarve.planning.topology import HostTopology
-from pgcarve.postgres import session
+from pgcarve.postgres import conninfo, session
 from pgcarve.sandbox.forward import ForwardRegistry
 from pgcarve.settings import Paths
 from pgcarve.virt.host import GuestInfo, LibvirtHost
@@ -84,7 +86,10 @@ class Fleet:
         self.domain_types = DomainTypes(config, self.hosts, self.images, paths.probe_cache)
         self.locks = InstanceLocks()
         self.planned_stops = PlannedStops()
+        self.secrets = InstanceSecretStore(paths.instance_secrets_dir)
+        self.ca = FleetCA(paths.tls_dir)
         self._credentials: Credentials | None = None
+        self._client_tls: session.ClientTls | None = None
         self._topologies: dict[str, HostTopology] = {}
         self._guard = threading.Lock()
 
@@ -96,6 +101,19 @@ class Fleet:
             if self._credentials is None:
                 self._credentials = load_credentials(self.paths.secrets_file)
             return self._credentials
+
+    def instance_secrets(self, instance: str) -> InstanceSecrets:
+        """An instance's own passwords (NotFound if it has none: made before they existed)."""
+        return self.secrets.load(instance)
+
+    @property
+    def client_tls(self) -> session.ClientTls:
+        """How pgcarve's clients verify guests: the fleet CA's certificate (made on first use)."""
+        with self._guard:
+            if self._client_tls is None:
+                self.ca.ensure()
+                self._client_tls = session.ClientTls(root_cert=str(self.ca.cert_file))
+            return self._client_tls
 
     def topology(self, host: str) -> HostTopology:
         if host not in self._topologies:
@@ -120,18 +138,22 @@ class Fleet:
         by_index: dict[int, list[GuestInfo]] = {}
         for info in self.guests():
             by_index.setdefault(info.metadata.index, []).append(info)
-        instances = []
-        for index in sorted(by_index):
-            members = by_index[index]
-            primary = next((g for g in members if g.metadata.role == "primary"), None)
-            standbys = sorted((g for g in members if g.metadata.role == "standby"), key=lambda g: g.metadata.standby)
-            instances.append(Instance(
-                index=index,
-                name=instance_name(self.config.fleet, index),
-                primary=self.reach(primary, with_endpoints) if primary else None,
-                standbys=tuple(self.reach(g, with_endpoints) for g in standbys),
-            ))
-        return instances
+        return [self._assemble(index, by_index[index], with_endpoints) for index in sorted(by_index)]
+
+    def instance_at(self, index: int) -> Instance | None:
+        """Instance `index` as libvirt shows it now (only its own guests are reached), if it exists."""
+        members = [info for info in self.guests() if info.metadata.index == index]
+        return self._assemble(index, members) if members else None
+
+    def _assemble(self, index: int, members: list[GuestInfo], with_endpoints: bool = True) -> Instance:
+        primary = next((g for g in members if g.metadata.role == "primary"), None)
+        standbys = sorted((g for g in members if g.metadata.role == "standby"), key=lambda g: g.metadata.standby)
+        return Instance(
+            index=index,
+            name=instance_name(self.config.fleet, index),
+            primary=self.reach(primary, with_endpoints) if primary else None,
+            standbys=tuple(self.reach(g, with_endpoints) for g in standbys),
+        )
 
     def instance(self, name: str) -> Instance:
         for inst in self.observe():
@@ -147,6 +169,12 @@ class Fleet:
         address = self.hosts[info.host].guest_address(info.name, host.network, info.mac)
         return Guest(info=info, address=address, endpoint=self._endpoint(host, info.name, address))
 
+    def last_address(self, info: GuestInfo) -> str | None:
+        """The guest's address from its newest DHCP lease, running or not: a stopped guest
+        started again gets the same one while its lease lasts."""
+        host = self.config.host(info.host)
+        return self.hosts[info.host].guest_address(info.name, host.network, info.mac)
+
     def _endpoint(self, host: HostConfig, name: str, address: str | None) -> tuple[str, int] | None:
         if address is None:
             return None
@@ -158,9 +186,9 @@ class Fleet:
         return "127.0.0.1", fwd.port
 
     def dsn(self, endpoint: tuple[str, int], with_password: bool = False) -> str:
-        host, port = endpoint
-        password = f":{self.credentials.admin_password}" if with_password else ""
-        return f"postgresql://{session.ADMIN_USER}{password}@{host}:{port}/{session.CLIENT_DATABASE}"
+        """The admin's URI for one guest, verifying its certificate with the fleet CA."""
+        password = self.credentials.admin_password if with_password else None
+        return conninfo.uri(session.ADMIN_USER, session.CLIENT_DATABASE, [endpoint], self.client_tls, password)
 
     def connect(self, guest: Guest, timeout_s: float = 5.0,
                 database: str = session.MANAGER_DATABASE) -> session.Connection:
@@ -168,7 +196,7 @@ class Fleet:
         if guest.endpoint is None:
             raise GuestNotReady(f"{guest.name} has no address yet")
         host, port = guest.endpoint
-        return session.connect(host, port, self.credentials.admin_password, database, timeout_s)
+        return session.connect(host, port, self.credentials.admin_password, database, timeout_s, tls=self.client_tls)
 
     def close(self) -> None:
         for host in self.hosts.values():

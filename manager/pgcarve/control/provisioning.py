@@ -2,31 +2,38 @@
 
 Each guest boots from a qcow2 overlay of the image and a NoCloud seed, pinned to its planned
 slot, marked "creating" in its libvirt metadata until its whole instance is built (so a manager
-killed half-way knows what it never finished: control/removal.py).
+killed half-way knows what it never finished: control/removal.py). A seed carries the guest's
+certificate from the fleet CA and its instance's own passwords (made with the primary's seed).
+A standby clones itself once its primary lets its address in (control/access.py), which is done
+as soon as the standby has an address.
 """
 
 from __future__ import annotations
 
+import logging
 import tempfile
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import replace
 from pathlib import Path
 
 import psycopg
 
 from pgcarve.config import HostConfig
+from pgcarve.control.access import refresh_replication_access
 from pgcarve.control.capacity import require_free_space
 from pgcarve.control.fleet import Fleet, Guest, Instance, Progress, no_progress
 from pgcarve.control.removal import discard_instance
-from pgcarve.errors import CapacityError, GuestNotReady
-from pgcarve.guest.seed import GuestSeed, write_seed_iso
+from pgcarve.errors import CapacityError, GuestNotReady, PgcarveError
+from pgcarve.guest.credentials import InstanceSecrets
+from pgcarve.guest.seed import GuestSeed, Role, write_seed_iso
 from pgcarve.naming import application_name, instance_name, slot_name, standby_name
 from pgcarve.postgres import replication
 from pgcarve.postgres.session import first_line
 from pgcarve.virt.domain_xml import Disk, DomainSpec, InstanceMetadata, Nic, mac_for
 from pgcarve.virt.storage import BaseImage
+
+log = logging.getLogger("pgcarve.control.provisioning")
 
 Readiness = Callable[[HostConfig, str, Progress, bool], Guest]
 """(host, guest name, progress, standby?) -> the guest once its PostgreSQL is ready for its role."""
@@ -73,14 +80,26 @@ class Provisioner:
         return replication.synchronous_standby_names(repl.sync_mode, min(repl.sync_count, len(standby_names)),
                                                      standby_names)
 
-    def primary_seed(self, name: str, standby_names: list[str]) -> GuestSeed:
+    def seed(self, name: str, instance: str, role: Role, secrets: InstanceSecrets,
+             standby_names: list[str] | None = None, primary_host: str | None = None) -> GuestSeed:
+        """The seed of guest `name` of `instance`: a certificate for both names from the fleet CA
+        (clients verify with the CA; `verify-full` where they connect by one of these names)."""
         config = self.fleet.config
+        ca = self.fleet.ca
         return GuestSeed(
-            name=name, role="primary", credentials=self.fleet.credentials,
-            allowed_cidrs=tuple(config.allowed_cidrs),
+            name=name, role=role, credentials=self.fleet.credentials,
+            allowed_cidrs=tuple(config.allowed_cidrs), secrets=secrets,
+            tls=ca.issue_server_certificate(list(dict.fromkeys([name, instance]))),
+            ca_pem=ca.certificate_pem(),
             synchronous_commit=config.replication.synchronous_commit,
-            synchronous_standby_names=self.sync_names(standby_names),
+            synchronous_standby_names=self.sync_names(standby_names or []),
+            primary_host=primary_host,
         )
+
+    def primary_seed(self, name: str, standby_names: list[str]) -> GuestSeed:
+        """The seed of a new instance's first primary (named as the instance); makes the
+        instance's passwords if it has none yet."""
+        return self.seed(name, name, "primary", self.fleet.secrets.load_or_create(name), standby_names)
 
     # -- one guest ---------------------------------------------------------------------------
 
@@ -107,6 +126,7 @@ class Provisioner:
         started = time.monotonic()
         deadline = started + timeout_s
         last_error = "no address yet"
+        let_in = not standby  # a standby replicates only once its instance's guests let its address in
         while time.monotonic() < deadline:
             info = lv.guest(name)
             if info.state == "paused":
@@ -122,6 +142,12 @@ class Provisioner:
             if info.state not in ("running", "paused"):
                 raise GuestNotReady(f"{name} on {host.name} stopped while booting (state {info.state})")
             guest = self.fleet.reach(info)
+            if not let_in and guest.address is not None:
+                try:
+                    refresh_replication_access(self.fleet, info.metadata.index)
+                    let_in = True
+                except PgcarveError as exc:
+                    last_error = f"letting it replicate: {exc}"
             if guest.endpoint is not None:
                 try:
                     with self.fleet.connect(guest, timeout_s=3) as conn:
@@ -172,6 +198,10 @@ class Provisioner:
             for future in futures:
                 future.result()
         self.wait_streaming(primary, standby_names, progress)
+        try:  # every guest learns every other's address, so a standby is ready to be promoted
+            refresh_replication_access(self.fleet, index)
+        except PgcarveError as exc:  # the primary and its standbys are whole: not a reason to fail
+            log.warning("%s: standbys not yet told each other's addresses (%s); a later refresh will", name, exc)
         progress(name, "ready", 1.0)
         return self.fleet.instance(name)
 
@@ -186,7 +216,8 @@ class Provisioner:
         meta = primary.info.metadata
         smeta = InstanceMetadata(fleet=meta.fleet, cluster=meta.cluster, role="standby", index=meta.index,
                                  standby=number)
-        seed = replace(self.primary_seed(name, []), role="standby", primary_host=primary.address)
+        seed = self.seed(name, meta.cluster, "standby", self.fleet.instance_secrets(meta.cluster),
+                         primary_host=primary.address)
         self.create_guest(host, name, smeta, seed, progress)
         guest = self.ready(host, name, progress, True)
         progress(name, "standby replaying", 1.0)

@@ -190,7 +190,7 @@ class Repairer:
         assert primary.address is not None
         with self.fleet.connect(standby, timeout_s=10) as conn:
             replication.follow(conn, primary.address, standby.name, slot_name(standby.name),
-                               self.fleet.credentials.replication_password)
+                               self.fleet.instance_secrets(standby.info.metadata.cluster).replication_password)
 
     # -- whole instance ------------------------------------------------------------------------
 

@@ -26,9 +26,11 @@ def remove_guest(fleet: Fleet, info: GuestInfo) -> None:
 
 
 def remove_instance(fleet: Fleet, instance: Instance) -> None:
-    """Power off and delete a primary, its standbys and their disks (no data kept)."""
+    """Power off and delete a primary, its standbys and their disks (no data kept), then its
+    passwords: an instance made later under the same name gets new ones."""
     for guest in (*instance.standbys, *((instance.primary,) if instance.primary else ())):
         remove_guest(fleet, guest.info)
+    fleet.secrets.remove(instance.name)
 
 
 def discard_instance(fleet: Fleet, index: int) -> None:
@@ -45,6 +47,7 @@ def discard_instance(fleet: Fleet, index: int) -> None:
                 with contextlib.suppress(PgcarveError):
                     host.storage.delete_volume(volume)
             fleet.forwards.remove(name)
+    fleet.secrets.remove(names[0])
 
 
 def discard_half_made(fleet: Fleet) -> list[str]:

@@ -27,7 +27,7 @@ from pgcarve.control.supervisor import Incident, Supervisor
 from pgcarve.errors import CapacityError, ConfigError, NotFound, PgcarveError
 from pgcarve.naming import application_name
 from pgcarve.planning.planner import explain, plan_host, plan_to_dict
-from pgcarve.postgres.session import ADMIN_USER
+from pgcarve.postgres.conninfo import admin_conninfo
 from pgcarve.postgres.statistics import StandbyState
 from pgcarve.settings import Paths
 from pgcarve.virt.events import start_event_loop
@@ -124,15 +124,14 @@ class ManagerService:
             return self._view
 
     def _targets(self) -> list[Target]:
-        creds = self.fleet.credentials
+        password, tls = self.fleet.credentials.admin_password, self.fleet.client_tls
         targets = []
         for inst in self.view.instances:
             guest = inst.primary
             if guest is not None and guest.endpoint is not None:
                 host, port = guest.endpoint
-                dsn = (f"host={host} port={port} user={ADMIN_USER} password={creds.admin_password} "
-                       "dbname=postgres connect_timeout=3")
-                targets.append(Target(instance=inst.name, host=guest.info.host, dsn=dsn))
+                targets.append(Target(instance=inst.name, host=guest.info.host,
+                                      dsn=admin_conninfo(host, port, password, tls)))
         return targets
 
     # -- reads -------------------------------------------------------------------------------
