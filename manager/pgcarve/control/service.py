@@ -12,12 +12,13 @@ import contextlib
 import logging
 import threading
 import time
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from typing import Any
 
 from pgcarve.config import FleetConfig
 from pgcarve.control.capacity import check_capacity
 from pgcarve.control.collector import Collector, Target
+from pgcarve.control.endpoints import instance_endpoints
 from pgcarve.control.fleet import Fleet, Instance
 from pgcarve.control.operations import Operation, OperationQueue
 from pgcarve.control.rates import RateTracker, Snapshot
@@ -28,6 +29,7 @@ from pgcarve.errors import CapacityError, ConfigError, NotFound, PgcarveError
 from pgcarve.naming import application_name
 from pgcarve.planning.planner import explain, plan_host, plan_to_dict
 from pgcarve.postgres.conninfo import admin_conninfo
+from pgcarve.postgres.session import APP_DATABASE, APP_USER
 from pgcarve.postgres.statistics import StandbyState
 from pgcarve.settings import Paths
 from pgcarve.virt.events import start_event_loop
@@ -165,6 +167,12 @@ class ManagerService:
                 return self._instance_doc(inst)
         raise NotFound(f"no instance named {name!r}")
 
+    def instance_credentials(self, name: str) -> dict[str, str]:
+        """The instance's application login: {user, password, database}."""
+        self.instance_doc(name)  # NotFound for an instance that does not exist
+        secrets = self.fleet.instance_secrets(name)
+        return {"user": APP_USER, "password": secrets.app_password, "database": APP_DATABASE}
+
     def _instance_doc(self, inst: Instance) -> dict[str, Any]:
         primary = inst.primary
         rows = {r.application_name: r for r in self.replication(inst.name)}
@@ -189,6 +197,7 @@ class ManagerService:
             "vcpus": list(primary.host_cpus) if primary else [],
             "memory_mib": primary.info.memory_mib if primary else 0,
             "dsn": self.fleet.dsn(primary.endpoint) if primary and primary.endpoint else None,
+            "endpoints": asdict(endpoints) if (endpoints := instance_endpoints(self.fleet, inst)) else None,
             "standbys": standbys,
         }
 
