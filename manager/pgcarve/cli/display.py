@@ -70,7 +70,8 @@ def print_status(fleet: Fleet, instances: list[Instance]) -> None:
                       row["state"], row["dsn"] or "-")
     out.print(table)
     if instances:
-        out.print(f"password for user pgcarve: in {fleet.paths.secrets_file} (admin_password)")
+        out.print(f"admin DSNs above (user pgcarve, password in {fleet.paths.secrets_file}); applications: "
+                  "`pgcarve connect NAME`, `pgcarve dsn NAME` or `pgcarve service-file` (the API server must run)")
 
 
 def print_api_status(url: str, docs: list[dict[str, Any]]) -> None:
