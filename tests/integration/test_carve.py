@@ -143,7 +143,7 @@ def test_api_aggregate_tps_matches_pgbench(carve_env: CarveEnv) -> None:
 
     def load(guest: Guest) -> None:
         results.append(run_pgbench(guest.name, guest.endpoint, fleet.credentials.admin_password, clients, 2,
-                                   seconds))
+                                   seconds, tls=fleet.client_tls))
 
     threads = [threading.Thread(target=load, args=(g,)) for g in primaries]
     for t in threads:

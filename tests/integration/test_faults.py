@@ -35,6 +35,7 @@ from tests.support.faults import (
     api_get,
     check_nothing_lost,
     incidents_for,
+    rw_endpoint,
     wait_recovered,
     wait_watching,
     wait_whole,
@@ -73,8 +74,9 @@ def sync_standby(fleet: Fleet) -> str:
 
 
 def test_guest_postgres_security(carve_env: CarveEnv, fleet: Fleet) -> None:
-    """SCRAM only, a replication role that is nothing else, pg_hba limited to the instance networks,
-    and the API token nowhere in the server's log."""
+    """SCRAM only over TLS only, a replication role that is nothing else, pg_hba limited to the
+    instance networks (replication: to the instance's own guests), and the API token nowhere in
+    the server's log."""
     inst = fleet.instance(INSTANCE)
     for guest in (inst.primary, *inst.standbys):
         assert guest is not None
@@ -84,8 +86,11 @@ def test_guest_postgres_security(carve_env: CarveEnv, fleet: Fleet) -> None:
                                  "from pg_hba_file_rules").fetchall()
             host_rules = [r for r in rules if r[0] != "local"]
             assert host_rules and {r[5] for r in host_rules} == {"scram-sha-256"}, rules
+            assert {r[0] for r in host_rules} == {"hostssl"}, rules
             allowed = {"127.0.0.1", "10.77.0.0", "10.76.0.0"}
-            assert {r[3] for r in host_rules} <= allowed, rules
+            assert {r[3] for r in host_rules if r[1] != ["replication"]} <= allowed, rules
+            others = {g.address for g in (inst.primary, *inst.standbys) if g is not None and g.name != guest.name}
+            assert {r[3] for r in host_rules if r[1] == ["replication"]} <= others, rules
             assert all(r[2] == ["replicator"] for r in host_rules if r[1] == ["replication"]), rules
             roles = dict(conn.execute("select rolname, rolsuper from pg_roles where rolname in "
                                       "('pgcarve', 'replicator')").fetchall())
@@ -336,6 +341,9 @@ def test_failover_policy_promotes_and_rejoins(carve_env: CarveEnv, fleet: Fleet)
         assert doc["host"] != old_host, doc
         writer.wait_for_acks(50, 300, "writes after the failover")
     check_nothing_lost(fleet, writer)
+    # The writer never asked again: the rw string taken before the fault reached the new primary,
+    # and the API still gives the same one.
+    assert writer.dsn() == rw_endpoint(carve_env)
     inst = fleet.instance(INSTANCE)
     assert inst.primary is not None and inst.primary.name != INSTANCE
     assert sorted(s.info.host for s in inst.standbys) == sorted({"h0", "h1", "h2"} - {inst.primary.info.host})

@@ -24,7 +24,7 @@ from pgcarve.sandbox.faults import SandboxFaults
 from psycopg.conninfo import make_conninfo
 
 from tests.integration.conftest import IT_STATE, CarveEnv, wait_for, wait_operation
-from tests.support.faults import INSTANCE, api_get, check_nothing_lost, fleet, wait_whole, writer_for
+from tests.support.faults import INSTANCE, api_get, check_nothing_lost, fleet, rw_endpoint, wait_whole, writer_for
 
 pytestmark = pytest.mark.integration
 __all__ = ["fleet"]  # the fixture, imported for the tests below
@@ -131,6 +131,7 @@ def test_primary_host_lost_with_the_manager_killed_at_every_step(carve_env: Carv
         print(f"whole again {time.time() - killed_at:.0f} s after the host was killed: {doc['standbys']}")
         assert lost in {s["host"] for s in doc["standbys"]}, "the former primary should rejoin as a standby"
     check_nothing_lost(fleet, writer)
+    assert writer.dsn() == rw_endpoint(carve_env), "the rw string is the same after the failover"
     one_primary(fleet)
     carve_env.restart_server(hosts_file=IT_STATE / "hosts-ha.yaml")  # failpoints disarmed
 

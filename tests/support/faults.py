@@ -1,5 +1,6 @@
 """Helpers of the fault tests (tests/integration/test_faults.py, test_host_failures.py): the
-API's view of instance pgc-01, a writer that follows its primary, waits for repairs."""
+API's view of instance pgc-01, a writer that follows its primary through the instance's rw
+endpoint, waits for repairs."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ from typing import Any
 
 import pytest
 from pgcarve.control.fleet import Fleet
-from pgcarve.postgres.session import CLIENT_DATABASE
+from pgcarve.postgres.session import APP_DATABASE
 from psycopg.conninfo import make_conninfo
 
 from tests.integration.conftest import CarveEnv, wait_for
@@ -31,24 +32,28 @@ def api_get(env: CarveEnv, path: str) -> Any:
         return resp.json()
 
 
+def rw_endpoint(env: CarveEnv) -> str:
+    """The instance's rw URI as an application gets it (endpoints from GET /v1/instances, the
+    password from the credentials route), with the password filled in."""
+    doc = wait_for(lambda: (d := api_get(env, f"/v1/instances/{INSTANCE}")) and d.get("endpoints") and d,
+                   f"{INSTANCE}'s endpoints", 300)
+    password = api_get(env, f"/v1/instances/{INSTANCE}/credentials")["password"]
+    return make_conninfo(doc["endpoints"]["rw"], password=password)
+
+
 def writer_for(env: CarveEnv, fleet: Fleet) -> AckedWriter:
-    """A writer that connects wherever the API says the instance's primary is."""
-    password = fleet.credentials.admin_password
-
-    def dsn() -> str | None:
-        try:
-            doc = api_get(env, f"/v1/instances/{INSTANCE}")
-        except Exception:
-            return None
-        return make_conninfo(doc["dsn"], password=password) if doc.get("dsn") else None
-
-    return AckedWriter(dsn)
+    """A writer that connects as the application through the instance's rw endpoint: one string,
+    taken before the fault and never asked for again, which must reach whichever guest is the
+    primary after a restart, a failover or a switchover (libpq tries each guest and keeps the one
+    that accepts writes)."""
+    uri = rw_endpoint(env)
+    return AckedWriter(lambda: uri, ca_file=env.paths.tls_dir / "ca.pem")
 
 
 def check_nothing_lost(fleet: Fleet, writer: AckedWriter) -> None:
     inst = fleet.instance(INSTANCE)
     assert inst.primary is not None
-    with fleet.connect(inst.primary, database=CLIENT_DATABASE) as conn:
+    with fleet.connect(inst.primary, database=APP_DATABASE) as conn:
         missing = writer.missing(conn)
     print(f"writer {writer.writer_id}: {len(writer.acked)} commits acknowledged, {len(missing)} missing, "
           f"{len(writer.errors)} failed attempts")

@@ -9,10 +9,11 @@ from types import ModuleType
 from typing import Any
 
 import pytest
-from pgcarve.guest.credentials import Credentials
 from pgcarve.guest.seed import GuestSeed
 
-CREDS = Credentials(admin_password="a" * 24, replication_password="r" * 24)
+from tests.support.seeds import guest_seed
+
+CIDRS = ("10.77.0.0/16",)
 
 
 @pytest.fixture
@@ -24,6 +25,14 @@ def booted(guest_setup: ModuleType, tmp_path: Path, monkeypatch: pytest.MonkeyPa
                                                           "CONF_DIR": "etc/postgresql",
                                                           "DATA_DIR": "data/main",
                                                           "STATE_DIR": "var/lib/pgcarve"}[name])
+    # Every other file the script writes moves under tmp_path too: a test never touches this
+    # machine's /etc (its PostgreSQL's configuration directory has the same path as a guest's).
+    for name, value in list(vars(guest_setup).items()):
+        if isinstance(value, Path) and value.is_absolute() and not value.is_relative_to(tmp_path):
+            if name == "STANDBYS_FILE" or name.startswith("TLS_"):
+                monkeypatch.setattr(guest_setup, name, tmp_path / "etc/postgresql" / value.name)
+            else:
+                monkeypatch.setattr(guest_setup, name, tmp_path / "elsewhere" / value.relative_to("/"))
     (tmp_path / "etc/postgresql/conf.d").mkdir(parents=True)
     (tmp_path / "data/main").mkdir(parents=True)
     (tmp_path / "var/lib/pgcarve").mkdir(parents=True)
@@ -43,24 +52,24 @@ def booted(guest_setup: ModuleType, tmp_path: Path, monkeypatch: pytest.MonkeyPa
 
 def test_the_seed_lands_even_on_a_first_boot(booted: dict[str, Any], tmp_path: Path) -> None:
     """/etc/pgcarve does not exist before the first boot: the seed and its id are written there."""
-    booted["boot"](GuestSeed("pgc-01", "primary", CREDS, ("10.77.0.0/16",)), "pgc-01-1")
+    booted["boot"](guest_seed("pgc-01", "primary", CIDRS), "pgc-01-1")
     assert json.loads((tmp_path / "etc/pgcarve/instance.json").read_text())["name"] == "pgc-01"
     assert (tmp_path / "etc/pgcarve/seed-id").read_text().strip() == "pgc-01-1"
-    assert "host all pgcarve 10.77.0.0/16" in (tmp_path / "etc/postgresql/pg_hba.conf").read_text()
+    assert "hostssl all pgcarve 10.77.0.0/16" in (tmp_path / "etc/postgresql/pg_hba.conf").read_text()
     assert booted["calls"] == []
 
 
 def test_a_standby_clones_once(booted: dict[str, Any]) -> None:
-    seed = GuestSeed("pgc-01-s1", "standby", CREDS, ("10.77.0.0/16",), primary_host="10.77.0.12")
+    seed = guest_seed("pgc-01-s1", "standby", CIDRS, primary_host="10.77.0.12")
     booted["boot"](seed, "pgc-01-s1-1")
     booted["boot"](seed, "pgc-01-s1-1")
     assert booted["calls"] == ["clone"]
 
 
 def test_a_former_primary_rewinds_once_per_seed_and_never_clones_over_its_data(booted: dict[str, Any]) -> None:
-    primary = GuestSeed("pgc-01", "primary", CREDS, ("10.77.0.0/16",))
+    primary = guest_seed("pgc-01", "primary", CIDRS)
     booted["boot"](primary, "pgc-01-1")
-    rejoin = GuestSeed("pgc-01", "standby", CREDS, ("10.77.0.0/16",), primary_host="10.77.1.15", rejoin=True)
+    rejoin = guest_seed("pgc-01", "standby", CIDRS, primary_host="10.77.1.15", rejoin=True)
     booted["boot"](rejoin, "pgc-01-2")
     booted["boot"](rejoin, "pgc-01-2")  # a reboot: the same seed, nothing again
     booted["boot"](rejoin, "pgc-01-3")  # a new seed asking again (a second failover)

@@ -489,7 +489,8 @@
     const c = row.cells;
     const cpus = inst.vcpus || [];
     setText(c.name.firstChild, inst.name);
-    c.name.firstChild.title = inst.dsn || "";
+    // The application's URI (follows failover); the admin DSN for an instance without endpoints yet.
+    c.name.firstChild.title = (inst.endpoints && inst.endpoints.rw) || inst.dsn || "";
     setText(c.host, inst.host || "—");
     const stateKey = `${inst.state}|${inst.writes}|${inst.incident}`;
     if (row.stateKey !== stateKey) { row.stateKey = stateKey; c.state.replaceChildren(stateCell(inst)); }

@@ -76,7 +76,8 @@ def print_status(fleet: Fleet, instances: list[Instance], retired: Sequence[Reti
     out.print(table)
     print_retired_note([retired_doc(r) for r in retired])
     if instances:
-        out.print(f"password for user pgcarve: in {fleet.paths.secrets_file} (admin_password)")
+        out.print(f"admin DSNs above (user pgcarve, password in {fleet.paths.secrets_file}); applications: "
+                  "`pgcarve connect NAME`, `pgcarve dsn NAME` or `pgcarve service-file` (the API server must run)")
 
 
 def print_api_status(url: str, docs: list[dict[str, Any]]) -> None:

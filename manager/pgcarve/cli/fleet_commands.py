@@ -153,7 +153,8 @@ def cmd_load(args: argparse.Namespace, settings: Settings) -> int:
     window_start = time.time()  # before run_pgbench's CREATE TABLE, which the set-up count includes
     primaries = [(inst.primary.name, inst.primary.endpoint) for inst in fleet.observe()
                  if inst.primary and inst.primary.endpoint]
-    results = run_concurrently(primaries, fleet.credentials.admin_password, args.clients, args.jobs, args.seconds)
+    results = run_concurrently(primaries, fleet.credentials.admin_password, args.clients, args.jobs, args.seconds,
+                               tls=fleet.client_tls)
     table = Table(title="pgbench insert into test(info) values (null)")
     for column in ("instance", "TPS", "latency avg (ms)", "transactions", "failed"):
         table.add_column(column, justify="right")

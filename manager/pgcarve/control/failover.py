@@ -221,4 +221,4 @@ class Failover:
             raise GuestNotReady(f"{primary.name} has no address for {standby.name} to follow")
         with self.fleet.connect(standby, timeout_s=10) as conn:
             replication.follow(conn, primary.address, standby.name, slot_name(standby.name),
-                               self.fleet.credentials.replication_password)
+                               self.fleet.instance_secrets(standby.info.metadata.cluster).replication_password)

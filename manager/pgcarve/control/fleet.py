@@ -2,7 +2,8 @@
 
 The fleet never remembers guests itself: `observe()` reads them back from libvirt's metadata
 each time, so a restarted manager sees exactly what exists. It holds what the doers share: the
-hosts, the placement rule, the credentials, the image uploads, the instance locks. Creating and
+hosts, the placement rule, the credentials (the fleet's and each instance's), the fleet CA, the
+image uploads, the instance locks. Creating and
 removing instances is control/provisioning.py; deciding what to do is the scaler and supervisor.
 """
 
@@ -17,13 +18,14 @@ from pgcarve.config import FleetConfig, HostConfig
 from pgcarve.control.locks import InstanceLocks, PlannedStops
 from pgcarve.control.sync_record import SyncRecord, SyncRecords
 from pgcarve.errors import ConfigError, GuestNotReady, HostUnreachable, NotFound
-from pgcarve.guest.credentials import Credentials, load_credentials
+from pgcarve.guest.credentials import Credentials, InstanceSecrets, InstanceSecretStore, load_credentials
 from pgcarve.guest.image import HostImages
 from pgcarve.guest.probe import DomainTypes
+from pgcarve.guest.tls import FleetCA
 from pgcarve.naming import instance_name
 from pgcarve.planning.placement import Placement
 from pgcarve.planning.topology import HostTopology, parse_capabilities
-from pgcarve.postgres import session
+from pgcarve.postgres import conninfo, session
 from pgcarve.sandbox.forward import ForwardRegistry
 from pgcarve.settings import Paths
 from pgcarve.virt.host import GuestInfo, LibvirtHost
@@ -102,7 +104,10 @@ class Fleet:
         self.locks = InstanceLocks()
         self.planned_stops = PlannedStops()
         self.sync_records = SyncRecords(paths.state_dir / "sync")
+        self.secrets = InstanceSecretStore(paths.instance_secrets_dir)
+        self.ca = FleetCA(paths.tls_dir)
         self._credentials: Credentials | None = None
+        self._client_tls: session.ClientTls | None = None
         self._topologies: dict[str, HostTopology] = {}
         self._last_seen: dict[str, list[GuestInfo]] = {}
         self._unreachable: dict[str, tuple[float, str]] = {}
@@ -117,6 +122,19 @@ class Fleet:
             if self._credentials is None:
                 self._credentials = load_credentials(self.paths.secrets_file)
             return self._credentials
+
+    def instance_secrets(self, instance: str) -> InstanceSecrets:
+        """An instance's own passwords (NotFound if it has none: made before they existed)."""
+        return self.secrets.load(instance)
+
+    @property
+    def client_tls(self) -> session.ClientTls:
+        """How pgcarve's clients verify guests: the fleet CA's certificate (made on first use)."""
+        with self._guard:
+            if self._client_tls is None:
+                self.ca.ensure()
+                self._client_tls = session.ClientTls(root_cert=str(self.ca.cert_file))
+            return self._client_tls
 
     def topology(self, host: str) -> HostTopology:
         """The host's CPUs and NUMA layout. Kept in the state directory too: a manager started
@@ -170,23 +188,27 @@ class Fleet:
         by_index: dict[int, list[GuestInfo]] = {}
         for info in self.guests():
             by_index.setdefault(info.metadata.index, []).append(info)
-        instances = []
-        for index in sorted(by_index):
-            members = by_index[index]
-            name = instance_name(self.config.fleet, index)
-            primaries = [g for g in members if g.metadata.role == "primary"]
-            primary = _recorded_primary(members, primaries, self.sync_records.get(name))
-            stale = [g for g in primaries if g is not primary]
-            standbys = sorted((g for g in members if g.metadata.role == "standby" and g is not primary),
-                              key=lambda g: g.metadata.standby)
-            instances.append(Instance(
-                index=index,
-                name=name,
-                primary=self.reach(primary, with_endpoints) if primary else None,
-                standbys=tuple(self.reach(g, with_endpoints) for g in standbys),
-                stale=tuple(self.reach(g, with_endpoints) for g in stale),
-            ))
-        return instances
+        return [self._assemble(index, by_index[index], with_endpoints) for index in sorted(by_index)]
+
+    def instance_at(self, index: int) -> Instance | None:
+        """Instance `index` as libvirt shows it now (only its own guests are reached), if it exists."""
+        members = [info for info in self.guests() if info.metadata.index == index]
+        return self._assemble(index, members) if members else None
+
+    def _assemble(self, index: int, members: list[GuestInfo], with_endpoints: bool = True) -> Instance:
+        name = instance_name(self.config.fleet, index)
+        primaries = [g for g in members if g.metadata.role == "primary"]
+        primary = _recorded_primary(members, primaries, self.sync_records.get(name))
+        stale = [g for g in primaries if g is not primary]
+        standbys = sorted((g for g in members if g.metadata.role == "standby" and g is not primary),
+                          key=lambda g: g.metadata.standby)
+        return Instance(
+            index=index,
+            name=name,
+            primary=self.reach(primary, with_endpoints) if primary else None,
+            standbys=tuple(self.reach(g, with_endpoints) for g in standbys),
+            stale=tuple(self.reach(g, with_endpoints) for g in stale),
+        )
 
     def instance(self, name: str) -> Instance:
         for inst in self.observe():
@@ -212,6 +234,17 @@ class Fleet:
             self._last_reach[info.name] = (address, endpoint)
         return Guest(info=info, address=address, endpoint=endpoint)
 
+    def last_address(self, info: GuestInfo) -> str | None:
+        """The guest's address from its newest DHCP lease, running or not: a stopped guest
+        started again gets the same one while its lease lasts. On a host that does not answer:
+        the address last seen, if any."""
+        host = self.config.host(info.host)
+        try:
+            return self.hosts[info.host].guest_address(info.name, host.network, info.mac)
+        except HostUnreachable:
+            with self._guard:
+                return self._last_reach.get(info.name, (None, None))[0]
+
     def _endpoint(self, host: HostConfig, name: str, address: str | None) -> tuple[str, int] | None:
         if address is None:
             return None
@@ -223,9 +256,9 @@ class Fleet:
         return "127.0.0.1", fwd.port
 
     def dsn(self, endpoint: tuple[str, int], with_password: bool = False) -> str:
-        host, port = endpoint
-        password = f":{self.credentials.admin_password}" if with_password else ""
-        return f"postgresql://{session.ADMIN_USER}{password}@{host}:{port}/{session.CLIENT_DATABASE}"
+        """The admin's URI for one guest, verifying its certificate with the fleet CA."""
+        password = self.credentials.admin_password if with_password else None
+        return conninfo.uri(session.ADMIN_USER, session.CLIENT_DATABASE, [endpoint], self.client_tls, password)
 
     def connect(self, guest: Guest, timeout_s: float = 5.0,
                 database: str = session.MANAGER_DATABASE) -> session.Connection:
@@ -233,7 +266,7 @@ class Fleet:
         if guest.endpoint is None:
             raise GuestNotReady(f"{guest.name} has no address yet")
         host, port = guest.endpoint
-        return session.connect(host, port, self.credentials.admin_password, database, timeout_s)
+        return session.connect(host, port, self.credentials.admin_password, database, timeout_s, tls=self.client_tls)
 
     def close(self) -> None:
         for host in self.hosts.values():

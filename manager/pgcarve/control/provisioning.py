@@ -2,7 +2,10 @@
 
 Each guest boots from a qcow2 overlay of the image and a NoCloud seed, pinned to its planned
 slot, marked "creating" in its libvirt metadata until its whole instance is built (so a manager
-killed half-way knows what it never finished: control/removal.py).
+killed half-way knows what it never finished: control/removal.py). A seed carries the guest's
+certificate from the fleet CA and its instance's own passwords (made with the primary's seed).
+A standby clones itself once its primary lets its address in (control/access.py), which is done
+as soon as the standby has an address.
 """
 
 from __future__ import annotations
@@ -18,6 +21,7 @@ from pathlib import Path
 import psycopg
 
 from pgcarve.config import HostConfig
+from pgcarve.control.access import refresh_replication_access
 from pgcarve.control.capacity import require_free_space
 from pgcarve.control.fleet import Fleet, Guest, Instance, Progress, no_progress
 from pgcarve.control.removal import discard_instance, remove_guest
@@ -25,7 +29,8 @@ from pgcarve.control.sync import initial_record, names_for
 from pgcarve.control.sync_record import SyncRecord
 from pgcarve.errors import CapacityError, GuestNotReady, PgcarveError
 from pgcarve.failpoints import failpoint
-from pgcarve.guest.seed import GuestSeed, write_seed_iso
+from pgcarve.guest.credentials import InstanceSecrets
+from pgcarve.guest.seed import GuestSeed, Role, write_seed_iso
 from pgcarve.naming import application_name, disk_volume, instance_name, seed_volume, slot_name, standby_name
 from pgcarve.postgres import replication
 from pgcarve.postgres.session import first_line
@@ -71,22 +76,38 @@ class Provisioner:
             creating=creating,
         )
 
-    def primary_seed(self, name: str, record: SyncRecord | None) -> GuestSeed:
-        """The seed of a primary whose synchronous standbys are the record's (none: no record)."""
+    def seed(self, name: str, instance: str, role: Role, secrets: InstanceSecrets, sync_names: str = "",
+             primary_host: str | None = None, rejoin: bool = False) -> GuestSeed:
+        """The seed of guest `name` of `instance`: a certificate for both names from the fleet CA
+        (clients verify with the CA; `verify-full` where they connect by one of these names)."""
         config = self.fleet.config
+        ca = self.fleet.ca
         return GuestSeed(
-            name=name, role="primary", credentials=self.fleet.credentials,
-            allowed_cidrs=tuple(config.allowed_cidrs),
+            name=name, role=role, credentials=self.fleet.credentials,
+            allowed_cidrs=tuple(config.allowed_cidrs), secrets=secrets,
+            tls=ca.issue_server_certificate(list(dict.fromkeys([name, instance]))),
+            ca_pem=ca.certificate_pem(),
             synchronous_commit=config.replication.synchronous_commit,
-            synchronous_standby_names=names_for(record) if record is not None else "",
+            synchronous_standby_names=sync_names,
+            primary_host=primary_host,
+            rejoin=rejoin,
             fence_after_s=config.recovery.fence_after_s,
         )
+
+    def primary_seed(self, name: str, record: SyncRecord | None) -> GuestSeed:
+        """The seed of a new instance's first primary (named as the instance), whose synchronous
+        standbys are the record's (none: no record); makes the instance's passwords if it has
+        none yet."""
+        return self.seed(name, name, "primary", self.fleet.secrets.load_or_create(name),
+                         names_for(record) if record is not None else "")
 
     def standby_seed(self, name: str, primary: Guest, rejoin: bool = False) -> GuestSeed:
         """The seed of a standby of `primary`; `rejoin`: its disk holds a former primary to rewind."""
         if primary.address is None:
             raise GuestNotReady(f"{primary.name} has no address for {name} to replicate from")
-        return replace(self.primary_seed(name, None), role="standby", primary_host=primary.address, rejoin=rejoin)
+        instance = primary.info.metadata.cluster
+        return self.seed(name, instance, "standby", self.fleet.instance_secrets(instance),
+                         primary_host=primary.address, rejoin=rejoin)
 
     def write_seed(self, host: HostConfig, name: str, seed: GuestSeed) -> None:
         """Upload the guest's NoCloud seed volume (read at its next boot)."""
@@ -139,6 +160,7 @@ class Provisioner:
         started = time.monotonic()
         deadline = started + timeout_s
         last_error = "no address yet"
+        let_in = not standby  # a standby replicates only once its instance's guests let its address in
         while time.monotonic() < deadline:
             info = lv.guest(name)
             if info.state == "paused":
@@ -154,6 +176,12 @@ class Provisioner:
             if info.state not in ("running", "paused"):
                 raise GuestNotReady(f"{name} on {host.name} stopped while booting (state {info.state})")
             guest = self.fleet.reach(info)
+            if not let_in and guest.address is not None:
+                try:
+                    refresh_replication_access(self.fleet, info.metadata.index)
+                    let_in = True
+                except PgcarveError as exc:
+                    last_error = f"letting it replicate: {exc}"
             if guest.endpoint is not None:
                 try:
                     with self.fleet.connect(guest, timeout_s=3) as conn:
@@ -216,6 +244,10 @@ class Provisioner:
                 replaying.add(sname)
                 failpoint("provisioning.standby_replaying")
         self.wait_streaming(primary, standby_names, progress)
+        try:  # every guest learns every other's address, so a standby is ready to be promoted
+            refresh_replication_access(self.fleet, index)
+        except PgcarveError as exc:  # the primary and its standbys are whole: not a reason to fail
+            log.warning("%s: standbys not yet told each other's addresses (%s); a later refresh will", name, exc)
         progress(name, "ready", 1.0)
         return self.fleet.instance(name)
 

@@ -25,10 +25,13 @@ def remove_guest(fleet: Fleet, info: GuestInfo) -> None:
 
 
 def remove_instance(fleet: Fleet, instance: Instance) -> None:
-    """Power off and delete a primary, its standbys and their disks (no data kept)."""
+    """Power off and delete a primary, its standbys and their disks (no data kept), then its
+    synchronous-set record and its passwords: an instance made later under the same name gets
+    new ones."""
     for guest in (*instance.standbys, *instance.stale, *((instance.primary,) if instance.primary else ())):
         remove_guest(fleet, guest.info)
     fleet.sync_records.remove(instance.name)
+    fleet.secrets.remove(instance.name)
 
 
 def discard_instance(fleet: Fleet, index: int) -> None:
@@ -46,6 +49,7 @@ def discard_instance(fleet: Fleet, index: int) -> None:
                     host.storage.delete_volume(volume)
             fleet.forwards.remove(name)
     fleet.sync_records.remove(instance_name(fleet_name, index))
+    fleet.secrets.remove(instance_name(fleet_name, index))
 
 
 def discard_half_made(fleet: Fleet) -> list[str]:

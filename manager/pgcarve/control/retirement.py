@@ -188,13 +188,14 @@ def _follow_if_needed(fleet: Fleet, primary: Guest, standbys: Sequence[Guest]) -
             if replication.receiving(conn):
                 continue
             replication.follow(conn, primary.address, standby.name, slot_name(standby.name),
-                               fleet.credentials.replication_password)
+                               fleet.instance_secrets(standby.info.metadata.cluster).replication_password)
 
 
 # -- purge and crash clean-up -------------------------------------------------------------------
 
 def purge(fleet: Fleet, name: str) -> RetiredInstance:
-    """Delete a retired instance's disks, markers and records for good (asked for by name)."""
+    """Delete a retired instance's disks, markers, records and passwords for good (asked for by
+    name)."""
     running = next((i for i in fleet.observe(with_endpoints=False) if i.name == name), None)
     if running is not None:
         raise Conflict(f"{name} is not retired (it has guests: "
@@ -209,6 +210,7 @@ def purge(fleet: Fleet, name: str) -> RetiredInstance:
                 storage.delete_volume(volume)
             storage.delete_volume(guest.marker)
         fleet.sync_records.remove(name)
+        fleet.secrets.remove(name)
     log.warning("purged retired instance %s: deleted %d MiB of disks (%s)", name, retired.disk_mib,
                 ", ".join(f"{g.name} on {g.host}" for g in retired.guests))
     return retired

@@ -12,12 +12,13 @@ import contextlib
 import logging
 import threading
 import time
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from typing import Any
 
 from pgcarve.config import FleetConfig
 from pgcarve.control.capacity import check_capacity
 from pgcarve.control.collector import Collector, Target
+from pgcarve.control.endpoints import instance_endpoints
 from pgcarve.control.failover import Failover
 from pgcarve.control.fleet import Fleet, Instance, Progress
 from pgcarve.control.operations import Operation, OperationQueue
@@ -31,7 +32,8 @@ from pgcarve.control.switchover import Switchover
 from pgcarve.errors import ConfigError, Conflict, NotFound, PgcarveError
 from pgcarve.naming import application_name
 from pgcarve.planning.planner import explain, plan_host, plan_to_dict
-from pgcarve.postgres.session import ADMIN_USER
+from pgcarve.postgres.conninfo import admin_conninfo
+from pgcarve.postgres.session import APP_DATABASE, APP_USER
 from pgcarve.postgres.statistics import StandbyState
 from pgcarve.settings import Paths
 from pgcarve.virt.events import start_event_loop
@@ -134,15 +136,14 @@ class ManagerService:
             return self._view
 
     def _targets(self) -> list[Target]:
-        creds = self.fleet.credentials
+        password, tls = self.fleet.credentials.admin_password, self.fleet.client_tls
         targets = []
         for inst in self.view.instances:
             guest = inst.primary
             if guest is not None and guest.endpoint is not None:
                 host, port = guest.endpoint
-                dsn = (f"host={host} port={port} user={ADMIN_USER} password={creds.admin_password} "
-                       "dbname=postgres connect_timeout=3")
-                targets.append(Target(instance=inst.name, host=guest.info.host, dsn=dsn))
+                targets.append(Target(instance=inst.name, host=guest.info.host,
+                                      dsn=admin_conninfo(host, port, password, tls)))
         return targets
 
     # -- reads -------------------------------------------------------------------------------
@@ -184,6 +185,12 @@ class ManagerService:
                 return retired_doc(retired)
         raise NotFound(f"no instance named {name!r}")
 
+    def instance_credentials(self, name: str) -> dict[str, str]:
+        """The instance's application login: {user, password, database}."""
+        self.instance_doc(name)  # NotFound for an instance that does not exist
+        secrets = self.fleet.instance_secrets(name)
+        return {"user": APP_USER, "password": secrets.app_password, "database": APP_DATABASE}
+
     def _instance_doc(self, inst: Instance) -> dict[str, Any]:
         primary = inst.primary
         rows = {r.application_name: r for r in self.replication(inst.name)}
@@ -211,6 +218,8 @@ class ManagerService:
             "vcpus": list(primary.host_cpus) if primary else [],
             "memory_mib": primary.info.memory_mib if primary else 0,
             "dsn": self.fleet.dsn(primary.endpoint) if primary and primary.endpoint and not building else None,
+            "endpoints": asdict(endpoints) if not building and (endpoints := instance_endpoints(self.fleet, inst))
+            else None,
             "standbys": standbys,
         }
 

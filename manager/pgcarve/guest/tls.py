@@ -19,7 +19,7 @@ import os
 import re
 import secrets
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from cryptography import x509
@@ -41,9 +41,9 @@ SigningKey = ec.EllipticCurvePrivateKey | rsa.RSAPrivateKey
 
 @dataclass(frozen=True)
 class KeyAndCertificate:
-    """A private key and its certificate, both PEM."""
+    """A private key and its certificate, both PEM (the key never shows in a repr or a log)."""
 
-    key_pem: bytes
+    key_pem: bytes = field(repr=False)
     cert_pem: bytes
 
 

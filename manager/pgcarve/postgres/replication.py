@@ -14,7 +14,8 @@ from psycopg import sql
 
 from pgcarve.errors import ConfigError
 from pgcarve.naming import application_name
-from pgcarve.postgres.session import REPLICATION_USER, Connection
+from pgcarve.postgres.conninfo import standby_conninfo
+from pgcarve.postgres.session import Connection
 
 SyncMode = Literal["FIRST", "ANY"]
 
@@ -89,8 +90,7 @@ def promote(conn: Connection, wait_s: int = 300) -> bool:
 
 def follow(conn: Connection, primary_address: str, standby_guest: str, slot: str, replication_password: str) -> None:
     """Point a running standby at another primary (PostgreSQL 13+ applies this on reload)."""
-    conninfo = (f"host={primary_address} port=5432 user={REPLICATION_USER} "
-                f"application_name={application_name(standby_guest)} password={replication_password}")
+    conninfo = standby_conninfo(primary_address, standby_guest, replication_password)
     conn.execute(sql.SQL("alter system set primary_conninfo = {}").format(sql.Literal(conninfo)))
     conn.execute(sql.SQL("alter system set primary_slot_name = {}").format(sql.Literal(slot)))
     conn.execute("select pg_reload_conf()")
