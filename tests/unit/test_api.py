@@ -89,6 +89,7 @@ def test_scale_down_removes_highest_numbered(api: tuple[TestClient, ManagerServi
     op = client.get(f"/v1/operations/{op_id}").json()
     assert op["status"] == "succeeded", op
     assert op["progress"] == 1.0
+    assert op["message"] == "created 0, brought back 0 from retirement, retired 2 (disks kept)", op
     assert [i["name"] for i in client.get("/v1/instances").json()] == ["pgc-01"]
 
 

@@ -46,7 +46,7 @@ class Operation:
 class OperationQueue:
     """Accepts operations and runs them one at a time on a worker thread."""
 
-    def __init__(self, run: Callable[[Operation], None], journal: Path | None = None, keep: int = 200):
+    def __init__(self, run: Callable[[Operation], str | None], journal: Path | None = None, keep: int = 200):
         self._run = run
         self._journal = journal
         self._keep = keep
@@ -128,8 +128,8 @@ class OperationQueue:
                 op.status, op.started_at, op.message = "running", time.time(), "starting"
                 self._save()
             try:
-                self._run(op)
-                final: dict[str, object] = {"status": "succeeded", "progress": 1.0, "message": "done"}
+                summary = self._run(op)  # what was done, in words (None: nothing to add)
+                final: dict[str, object] = {"status": "succeeded", "progress": 1.0, "message": summary or "done"}
                 self.counts["succeeded"] += 1
             except Exception as exc:
                 final = {"status": "failed", "error": str(exc) or type(exc).__name__, "message": "failed"}

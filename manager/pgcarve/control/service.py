@@ -313,7 +313,8 @@ class ManagerService:
         target = Switchover(self.fleet, self.scaler.provisioner).target_of(inst, to)
         return self.operations.submit("switchover", inst.index, {"instance": name, "to": target.name})
 
-    def _run_operation(self, op: Operation) -> None:
+    def _run_operation(self, op: Operation) -> str | None:
+        """Run one queued operation; returns what it did, in words, for the operation's message."""
         lock = threading.Lock()
 
         def progress(name: str, step: str, fraction: float) -> None:
@@ -328,10 +329,10 @@ class ManagerService:
         try:
             if op.kind == "scale":
                 plan = self.scaler.scale(op.target, progress)
-                self.operations.update(op, message=f"created {len(plan.create)}, brought back {len(plan.revive)} "
-                                                   f"from retirement, retired {len(plan.retire)} (disks kept)")
-            else:
-                self._run_role_change(op, progress)
+                return (f"created {len(plan.create)}, brought back {len(plan.revive)} from retirement, "
+                        f"retired {len(plan.retire)} (disks kept)")
+            self._run_role_change(op, progress)
+            return None
         finally:
             self.refresh()
             self._refresh_wanted.set()
