@@ -22,7 +22,7 @@ from pgcarve.postgres.pgbench import run_pgbench, setup_transactions
 from pgcarve.postgres.session import CLIENT_DATABASE
 from pgcarve.virt.host import LibvirtHost
 
-from tests.integration.conftest import IT_STATE, CarveEnv, wait_for, wait_operation
+from tests.integration.conftest import IT_STATE, TOKEN, CarveEnv, wait_for, wait_operation
 
 pytestmark = pytest.mark.integration
 
@@ -285,7 +285,8 @@ def test_scale_down_retires_and_scale_up_brings_the_database_back(carve_env: Car
 def test_purge_deletes_a_retired_instance_when_asked_by_name(carve_env: CarveEnv) -> None:
     op = _scale(carve_env, 1, 300)
     assert op["status"] == "succeeded", op["error"]
-    env = dict(os.environ, PGCARVE_STATE_DIR=str(carve_env.paths.state_dir))
+    # The operator's shell: the state directory and the API's token (purging is a mutation).
+    env = dict(os.environ, PGCARVE_STATE_DIR=str(carve_env.paths.state_dir), PGCARVE_TOKEN=TOKEN)
     cli = [sys.executable, "-m", "pgcarve.cli"]
     status = subprocess.run([*cli, "status"], capture_output=True, text=True, env=env, check=True)
     assert "retired" in status.stdout and "pgcarve purge pgc-02" in status.stdout, status.stdout
