@@ -34,6 +34,7 @@ from tests.support.faults import (
     INSTANCE,
     api_get,
     check_nothing_lost,
+    fleet,
     incidents_for,
     rw_endpoint,
     wait_recovered,
@@ -44,6 +45,7 @@ from tests.support.faults import (
 from tests.support.prometheus import prometheus_watching
 
 pytestmark = pytest.mark.integration
+__all__ = ["fleet"]  # the fixture, imported for the tests below
 
 
 
