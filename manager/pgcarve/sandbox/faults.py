@@ -14,7 +14,7 @@ from pathlib import Path
 import pgcarve.processes as processes
 from pgcarve.errors import SandboxError
 from pgcarve.processes import ProcessStatus
-from pgcarve.sandbox.hosts import Sandbox, run_checked, same_netns
+from pgcarve.sandbox.hosts import GUEST_BRIDGE, Sandbox, run_checked, same_netns
 
 
 class SandboxFaults:
@@ -83,6 +83,9 @@ class SandboxFaults:
                 continue
         for record in records:  # recorded first, so a PID reused meanwhile is never hit
             processes.signal_process(record, signal.SIGKILL)
+        # A power cut takes the kernel's state too: the guests' bridge goes, so the host's libvirtd
+        # starts its network afresh when the host comes back (else "already in use by interface").
+        run_checked(["ip", "-n", sandbox_host.netns, "link", "del", GUEST_BRIDGE], check=False)
         return len(records)
 
     def revive_host(self, host: str) -> None:

@@ -40,6 +40,7 @@ REQUIRED_TOOLS = ("ip", "unshare", "libvirtd", "virtlogd", "qemu-system-x86_64",
 GUEST_NET = "10.77.{i}.0/24"
 WIRE_PREFIX = "10.76.0."
 NETWORK_NAME = "pgcarve"
+GUEST_BRIDGE = "pgcbr0"  # the guests' bridge inside each host's namespace
 MAX_HOSTS = 8
 NETNS_DIR = Path("/run/netns")  # where `ip netns add` keeps the namespaces it names
 
@@ -258,7 +259,7 @@ class Sandbox:
         lv = self.wait_libvirtd(host)
         self.record_daemons(host, ("virtlogd", "libvirtd"))
         progress(f"{host.name}: network {NETWORK_NAME} 10.77.{host.index}.0/24 and storage pool")
-        lv.ensure_network(NetworkSpec(NETWORK_NAME, "pgcbr0", f"10.77.{host.index}.1", 24,
+        lv.ensure_network(NetworkSpec(NETWORK_NAME, GUEST_BRIDGE, f"10.77.{host.index}.1", 24,
                                       f"10.77.{host.index}.10", f"10.77.{host.index}.250"))
         lv.storage.ensure_pool()
         lv.close()
