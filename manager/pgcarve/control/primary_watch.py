@@ -3,7 +3,8 @@
 
 The supervisor reads `unconfirmed_for` to tell an isolated primary (it answers, but no standby
 confirms its commits for recovery.host_timeout_s) from one that is merely busy. Instances being
-scaled or repaired are skipped, never waited for.
+scaled or repaired are never waited for: their primary's lease is renewed and nothing else (a
+new primary right after a failover must not fence itself while its repair goes on).
 """
 
 from __future__ import annotations
@@ -53,9 +54,10 @@ class PrimaryWatch:
             if not self.fleet.config.replication.standbys or inst.primary is None:
                 continue
             with self.fleet.locks.try_exclusive(inst.index, "keeping the synchronous set") as held:
-                if not held:
-                    continue
                 try:
+                    if not held:  # an operation holds it: the lease only (it renews nothing else)
+                        self.keeper.renew_lease(inst)
+                        continue
                     result = self.keeper.keep(inst)
                 except (psycopg.Error, PgcarveError) as exc:
                     log.debug("%s: primary not asked this pass: %s", inst.name, first_line(exc))

@@ -119,6 +119,16 @@ class SyncKeeper:
         self._down_since: dict[str, float] = {}
         self._lock = threading.Lock()
 
+    def renew_lease(self, inst: Instance) -> None:
+        """Only the manager's lease on the primary, nothing else: for an instance that an operation
+        holds. A repair or a scale can hold it for minutes (building a standby, waiting for a host),
+        and the primary's watchdog must not fence a primary the manager still looks after."""
+        primary = inst.primary
+        if primary is None or primary.endpoint is None or primary.info.creating:
+            return
+        with self.fleet.connect(primary, timeout_s=3) as conn:
+            replication.renew_manager_lease(conn)
+
     def keep(self, inst: Instance) -> KeepResult | None:
         """One pass for one instance: renew the manager's lease on the primary, adjust its
         synchronous set. None when the primary cannot be asked (not running, no address)."""
