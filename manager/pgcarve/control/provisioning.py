@@ -323,13 +323,19 @@ class Provisioner:
         itself while its standbys boot)."""
         wanted = {application_name(s) for s in standbys}
         deadline = time.monotonic() + timeout_s
+        last = "no answer yet"
         while time.monotonic() < deadline:
-            with self.fleet.connect(primary) as conn:
-                if renew_lease:
-                    replication.renew_manager_lease(conn)
-                if wanted <= replication.streaming_standbys(conn):
+            try:
+                with self.fleet.connect(primary) as conn:
+                    if renew_lease:
+                        replication.renew_manager_lease(conn)
+                    streaming = replication.streaming_standbys(conn)
+                if wanted <= streaming:
                     return
+                last = f"streaming now: {', '.join(sorted(streaming & wanted)) or 'none'}"
+            except psycopg.Error as exc:  # a primary busy with its standbys' clones may answer late: ask again
+                last = first_line(exc)
             progress(primary.name, "waiting for standbys to stream", 0.9)
             time.sleep(0.5)
         raise GuestNotReady(f"standbys of {primary.name} ({', '.join(sorted(wanted))}) are not streaming "
-                            f"after {timeout_s:.0f} s")
+                            f"after {timeout_s:.0f} s (last: {last})")

@@ -157,8 +157,11 @@ def _revive(provisioner: Provisioner, retired: RetiredInstance, primary_guest: R
         futures = [pool.submit(provisioner.ready, fleet.config.host(g.host), g.name, progress, True)
                    for g in standby_guests]
         while not all(f.done() for f in futures):
-            with fleet.connect(primary) as conn:
-                replication.renew_manager_lease(conn)  # its watchdog saw us before: we are back
+            try:
+                with fleet.connect(primary) as conn:
+                    replication.renew_manager_lease(conn)  # its watchdog saw us before: we are back
+            except psycopg.Error as exc:  # busy with its standbys' start: the next round renews it
+                log.info("%s: lease not renewed this round (%s)", retired.name, first_line(exc))
             wait(futures, timeout=1.0)
         standbys = [f.result() for f in futures]
     if standbys:  # (without standbys, retiring fenced nothing)
