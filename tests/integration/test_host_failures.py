@@ -81,7 +81,8 @@ def test_switchover_under_a_writer(carve_env: CarveEnv, fleet: Fleet) -> None:
         op = run_operation(carve_env, f"/v1/instances/{INSTANCE}/switchover", {})
         assert op["status"] == "succeeded", op
         result = op["result"]
-        print(f"switchover {before['host']} -> {result['host']}: {op['message']}")
+        print(f"switchover {before['host']} -> {result['host']}: writes paused {result['write_pause_s']:.1f} s; "
+              f"{op['message']}")
         assert result["new_primary"] == sync and result["host"] != before["host"]
         assert 0 < result["write_pause_s"] < 300
         writer.wait_for_acks(50, 300, "writes after the switchover")

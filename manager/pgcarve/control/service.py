@@ -331,24 +331,23 @@ class ManagerService:
                 plan = self.scaler.scale(op.target, progress)
                 return (f"created {len(plan.create)}, brought back {len(plan.revive)} from retirement, "
                         f"retired {len(plan.retire)} (disks kept)")
-            self._run_role_change(op, progress)
-            return None
+            return self._run_role_change(op, progress)
         finally:
             self.refresh()
             self._refresh_wanted.set()
             if self.supervisor is not None:
                 self.supervisor.sweep_soon()  # a former primary to rejoin, standbys to mend
 
-    def _run_role_change(self, op: Operation, progress: Progress) -> None:
-        """A failover or switchover by hand, holding the instance like a repair does."""
+    def _run_role_change(self, op: Operation, progress: Progress) -> str:
+        """A failover or switchover by hand, holding the instance like a repair does; returns
+        what was done, in words."""
         name, to = str(op.params["instance"]), op.params.get("to")
         provisioner = self.scaler.provisioner
         with self.fleet.locks.exclusive(op.target, f"{op.kind} by hand"):
             inst = self.fleet.instance(name)
             if to is not None and inst.primary is not None and inst.primary.name == to:
-                self.operations.update(op, message=f"{to} is already the primary of {name}",
-                                       result={"new_primary": to})
-                return
+                self.operations.update(op, result={"new_primary": to})
+                return f"{to} is already the primary of {name}"
             if op.kind == "switchover":
                 done = Switchover(self.fleet, provisioner).run(inst, str(to) if to else None, progress)
                 result: dict[str, object] = {"new_primary": done.new_primary, "host": done.host,
@@ -360,7 +359,8 @@ class ManagerService:
                 result = {"new_primary": outcome.new_primary, "host": outcome.host, "proven": outcome.proven,
                           "may_be_missing": outcome.may_be_missing, "reason": outcome.reason}
                 message = outcome.message
-        self.operations.update(op, message=message, result=result)
+        self.operations.update(op, result=result)
+        return message
 
     def wait_idle(self, timeout_s: float) -> bool:
         return self.operations.wait_idle(timeout_s)
