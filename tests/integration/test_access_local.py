@@ -5,7 +5,6 @@ rewritten by postgres/hba.py, and the instance's multi-host URIs."""
 
 from __future__ import annotations
 
-import importlib.util
 import os
 import shutil
 import subprocess
@@ -13,9 +12,7 @@ import tempfile
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
-from importlib.machinery import SourceFileLoader
 from pathlib import Path
-from types import ModuleType
 
 import psycopg
 import pytest
@@ -25,6 +22,7 @@ from pgcarve.postgres import hba
 from pgcarve.postgres.session import ClientTls
 
 from tests.support import localpg
+from tests.support.guest_script import load_guest_setup
 from tests.support.localpg import LocalServer
 from tests.support.seeds import SECRETS, guest_seed
 
@@ -33,7 +31,6 @@ pytestmark = pytest.mark.localpg
 if not localpg.available():  # pragma: no cover - depends on the machine
     pytest.skip("PostgreSQL 15 server binaries are not installed (make apt installs them)", allow_module_level=True)
 
-GUEST_SETUP = Path(__file__).resolve().parents[2] / "images/rootfs/usr/local/sbin/pgcarve-guest-setup"
 # pgcarve's shape (pgcarve-guest-setup's pg_hba), with the image's peer logins replaced by a
 # superuser over TLS from loopback: the tests' own way in.
 PG_HBA = """\
@@ -41,15 +38,6 @@ hostssl all postgres 127.0.0.1/32 trust
 hostssl replication postgres 127.0.0.1/32 trust
 hostssl app app 127.0.0.1/32 scram-sha-256
 """
-
-
-def load_guest_setup() -> ModuleType:
-    loader = SourceFileLoader("pgcarve_guest_setup", str(GUEST_SETUP))
-    spec = importlib.util.spec_from_loader(loader.name, loader)
-    assert spec is not None
-    module = importlib.util.module_from_spec(spec)
-    loader.exec_module(module)
-    return module
 
 
 @dataclass

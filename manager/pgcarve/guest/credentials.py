@@ -11,17 +11,16 @@ Two kinds:
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import json
 import os
 import re
 import secrets
 import threading
-from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from pgcarve.errors import ConfigError, NotFound
+from pgcarve.filelock import locked
 
 SECRET_RE = re.compile(r"^[A-Za-z0-9]{16,128}$")
 INSTANCE_FILE_RE = re.compile(r"^[a-z][a-z0-9-]{0,62}$")
@@ -101,16 +100,9 @@ class InstanceSecretStore:
             raise ConfigError(f"{instance!r} is not an instance name")
         return self.directory / f"{instance}.json"
 
-    @contextlib.contextmanager
-    def _locked(self) -> Iterator[None]:
+    def _locked(self) -> contextlib.AbstractContextManager[None]:
         """Held while a file is made, so two processes seeding at once agree on one set."""
-        self.directory.mkdir(parents=True, exist_ok=True, mode=0o700)
-        fd = os.open(self.directory / ".lock", os.O_RDWR | os.O_CREAT, 0o600)
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX)
-            yield
-        finally:
-            os.close(fd)
+        return locked(self.directory / ".lock")
 
     def exists(self, instance: str) -> bool:
         return self._file(instance).exists()

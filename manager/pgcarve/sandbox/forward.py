@@ -27,7 +27,6 @@ import asyncio
 import contextlib
 import ctypes
 import errno
-import fcntl
 import json
 import logging
 import os
@@ -36,11 +35,11 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
 from pgcarve.errors import SandboxError
+from pgcarve.filelock import locked
 from pgcarve.processes import (
     ProcessRecord,
     ProcessStatus,
@@ -259,16 +258,9 @@ class ForwardRegistry:
     def _ports_file(self) -> Path:
         return self.directory / PORTS_FILE
 
-    @contextlib.contextmanager
-    def _ports_locked(self) -> Iterator[None]:
+    def _ports_locked(self) -> contextlib.AbstractContextManager[None]:
         """Held while a port is assigned, so two processes never give one name two ports."""
-        self.directory.mkdir(parents=True, exist_ok=True)
-        fd = os.open(self.directory / ".ports.lock", os.O_RDWR | os.O_CREAT, 0o600)
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX)
-            yield
-        finally:
-            os.close(fd)
+        return locked(self.directory / ".ports.lock", directory_mode=0o755)
 
     def ports(self) -> dict[str, int]:
         """Every guest name's assigned port (re-read only when the file changed)."""
