@@ -160,7 +160,10 @@ class Provisioner:
         started = time.monotonic()
         deadline = started + timeout_s
         last_error = "no address yet"
-        let_in = not standby  # a standby replicates only once its instance's guests let its address in
+        # A standby replicates only once its instance's guests let its address in. Let in again if
+        # the address changes: a guest re-created under an old name may first show the old
+        # guest's DHCP lease (same MAC) until it gets its own.
+        let_in: str | None = None
         while time.monotonic() < deadline:
             info = lv.guest(name)
             if info.state == "paused":
@@ -176,10 +179,10 @@ class Provisioner:
             if info.state not in ("running", "paused"):
                 raise GuestNotReady(f"{name} on {host.name} stopped while booting (state {info.state})")
             guest = self.fleet.reach(info)
-            if not let_in and guest.address is not None:
+            if standby and guest.address is not None and guest.address != let_in:
                 try:
                     refresh_replication_access(self.fleet, info.metadata.index)
-                    let_in = True
+                    let_in = guest.address
                 except PgcarveError as exc:
                     last_error = f"letting it replicate: {exc}"
             if guest.endpoint is not None:
