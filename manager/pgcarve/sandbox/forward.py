@@ -312,7 +312,13 @@ class ForwardRegistry:
 
     def ensure(self, name: str, netns: str, target: str) -> Forward:
         """A running forward 127.0.0.1:PORT -> target for this guest, on the name's own port
-        (reused if unchanged)."""
+        (reused if unchanged). One process at a time per name: the API server and a CLI (or a
+        test) reaching the same guest would otherwise both start one, and the loser would take
+        the port for "taken by another program" and move the name."""
+        with locked(self.directory / f".{name}.lock", directory_mode=0o755):
+            return self._ensure(name, netns, target)
+
+    def _ensure(self, name: str, netns: str, target: str) -> Forward:
         current = self.get(name)
         port = self.port(name)
         if current is not None and (current.target, current.netns, current.port) == (target, netns, port):
