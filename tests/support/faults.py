@@ -12,7 +12,7 @@ from pgcarve.control.fleet import Fleet
 from pgcarve.postgres.session import APP_DATABASE
 from psycopg.conninfo import make_conninfo
 
-from tests.integration.conftest import CarveEnv, wait_for
+from tests.integration.conftest import IT_STATE, CarveEnv, wait_for
 from tests.integration.writer import AckedWriter
 
 INSTANCE = "pgc-01"
@@ -70,7 +70,21 @@ def wait_recovered(env: CarveEnv, guest: str, since: float, timeout_s: float = 6
         found = incidents_for(env, guest, since)
         return next((i for i in found if i["status"] == "recovered"), None)
 
-    return wait_for(done, f"recovery of {guest}", timeout_s)
+    try:
+        return wait_for(done, f"recovery of {guest}", timeout_s)
+    except AssertionError as exc:
+        raise AssertionError(f"{exc}\n{recovery_story(env, guest, since)}") from None
+
+
+def recovery_story(env: CarveEnv, guest: str, since: float, lines: int = 40) -> str:
+    """What the manager said about `guest` since `since`: its incidents and its log lines."""
+    incidents = "\n".join(f"  incident {i['id']}: {i['status']} after {i.get('attempts', '?')} attempt(s), "
+                          f"{i['what']}: {i.get('message') or '-'}" for i in incidents_for(env, guest, since))
+    log_file = IT_STATE / "server.log"
+    said = [line for line in log_file.read_text(errors="replace").splitlines() if guest in line] \
+        if log_file.exists() else []
+    return (f"incidents of {guest}:\n{incidents or '  none'}\n"
+            f"last {lines} lines of {log_file} naming {guest}:\n" + "\n".join(said[-lines:]))
 
 
 def wait_whole(env: CarveEnv, timeout_s: float = 600) -> dict[str, Any]:
