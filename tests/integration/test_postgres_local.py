@@ -116,18 +116,18 @@ def test_a_write_fence_says_why_and_lifts(pair: Pair) -> None:
         assert replication.write_fence(conn) == "scale-down"
         with pytest.raises(psycopg.errors.ReadOnlySqlTransaction):
             pgbench.create_test_table(conn, "fenced")
-        row = conn.execute(poll_statement(None, False), {"since": None}).fetchone()
+        row = conn.execute(poll_statement(None, False), {"since": None, "before": None}).fetchone()
         assert row is not None and PollRow.parse(row).write_fence == "scale-down"
         replication.allow_writes(conn)
     with connect(pair.primary) as conn:
         assert replication.write_fence(conn) is None
-        row = conn.execute(poll_statement(None, False), {"since": None}).fetchone()
+        row = conn.execute(poll_statement(None, False), {"since": None, "before": None}).fetchone()
         assert row is not None and PollRow.parse(row).write_fence is None
         conn.execute("alter system set default_transaction_read_only = on")  # someone else's, no reason
         conn.execute("select pg_reload_conf()")
     with connect(pair.primary) as conn:
         assert replication.write_fence(conn) is None, "only pgcarve's own fence is lifted by pgcarve"
-        row = conn.execute(poll_statement(None, False), {"since": None}).fetchone()
+        row = conn.execute(poll_statement(None, False), {"since": None, "before": None}).fetchone()
         assert row is not None and PollRow.parse(row).write_fence == "read-only by configuration"
         conn.execute("alter system reset default_transaction_read_only")
         conn.execute("select pg_reload_conf()")

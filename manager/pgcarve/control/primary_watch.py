@@ -4,7 +4,9 @@
 The supervisor reads `unconfirmed_for` to tell an isolated primary (it answers, but no standby
 confirms its commits for recovery.host_timeout_s) from one that is merely busy. Instances being
 scaled or repaired are never waited for: their primary's lease is renewed and nothing else (a
-new primary right after a failover must not fence itself while its repair goes on).
+new primary right after a failover must not fence itself while its repair goes on), except while
+a repair mends only standbys: then the synchronous set is kept too, so commits go on with the
+other standby while a dead synchronous one is restarted or rebuilt.
 """
 
 from __future__ import annotations
@@ -55,7 +57,8 @@ class PrimaryWatch:
                 continue
             with self.fleet.locks.try_exclusive(inst.index, "keeping the synchronous set") as held:
                 try:
-                    if not held:  # an operation holds it: the lease only (it renews nothing else)
+                    if not held and not self.fleet.locks.keeper_welcome(inst.index):
+                        # An operation holds it: the lease only (it renews nothing else).
                         self.keeper.renew_lease(inst)
                         continue
                     result = self.keeper.keep(inst)

@@ -179,13 +179,14 @@ class Repairer:
         primary = inst.primary
         if primary.endpoint is None:
             primary = self.provisioner.wait_sql(self.fleet.config.host(primary.info.host), primary.name, progress)
-        done += self._mend_standbys(inst, primary, progress)
-        final = self.current(index)
-        if final is not None and final.primary is not None and final.standbys and done:
-            primary_now = final.primary
-            streaming = [g.name for g in final.standbys if g.info.state == "running"]
-            if primary_now.endpoint is not None and streaming:
-                self.provisioner.wait_streaming(primary_now, streaming, progress)
+        with self.fleet.locks.welcome_keeper(index):  # the primary stays: the sync set may be kept
+            done += self._mend_standbys(inst, primary, progress)
+            final = self.current(index)
+            if final is not None and final.primary is not None and final.standbys and done:
+                primary_now = final.primary
+                streaming = [g.name for g in final.standbys if g.info.state == "running"]
+                if primary_now.endpoint is not None and streaming:
+                    self.provisioner.wait_streaming(primary_now, streaming, progress)
         return RepairResult(tuple(done))
 
     def _fail_over(self, inst: Instance, progress: Progress, why: str) -> RepairStep:

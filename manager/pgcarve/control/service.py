@@ -196,11 +196,18 @@ class ManagerService:
         rows = {r.application_name: r for r in self.replication(inst.name)}
         standbys = []
         for guest in inst.standbys:
-            row = rows.get(application_name(guest.name))
+            # A primary lists a dead standby's walsender until wal_sender_timeout: a row counts
+            # only for a running guest that is not being built again under the same name.
+            row = rows.get(application_name(guest.name)) if guest.info.state == "running" else None
+            if guest.info.creating:
+                state, row = "building", None
+            elif row and row.state:
+                state = row.state
+            else:
+                state = "not streaming" if guest.info.state == "running" else guest.info.state
             standbys.append({
                 "name": guest.name, "host": guest.info.host,
-                "state": row.state if row and row.state else ("not streaming" if guest.info.state == "running"
-                                                              else guest.info.state),
+                "state": state,
                 "sync_state": row.sync_state if row else None,
                 "replay_lag_bytes": row.lag_bytes if row else None,
             })

@@ -110,7 +110,8 @@ def plan_sync(record: SyncRecord, standbys: Sequence[str], replicas: Mapping[str
 
 
 class SyncKeeper:
-    """Applies plan_sync to each instance (the caller holds the instance's lock)."""
+    """Applies plan_sync to each instance (the caller holds the instance's lock, or its holder
+    welcomes the keeper: control/locks.py)."""
 
     def __init__(self, fleet: Fleet, records: SyncRecords, switch_after_s: float = 5.0):
         self.fleet = fleet
