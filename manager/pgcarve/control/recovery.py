@@ -269,6 +269,9 @@ class Repairer:
         final = self.current(index)
         if final is not None and final.primary is not None and final.standbys and (stopped or missing or done):
             primary_now = final.primary
-            if primary_now.endpoint is not None:
-                self.provisioner.wait_streaming(primary_now, [g.name for g in final.standbys], progress)
+            # Only running standbys: one that died meanwhile is a new fault for the next repair,
+            # not a reason to fail this one after wait_streaming's timeout.
+            streaming = [g.name for g in final.standbys if g.info.state == "running"]
+            if primary_now.endpoint is not None and streaming:
+                self.provisioner.wait_streaming(primary_now, streaming, progress)
         return RepairResult(tuple(done))
