@@ -13,8 +13,10 @@ import libvirt
 import pytest
 from pgcarve.config import FleetConfig, HostConfig, RecoveryPolicy, Replication
 from pgcarve.control.fleet import Fleet
+from pgcarve.control.recovery import RepairResult
 from pgcarve.control.removal import discard_half_made, discard_instance
 from pgcarve.control.supervisor import Incident, Supervisor
+from pgcarve.errors import GuestNotReady
 from pgcarve.postgres.replication import lsn_value
 from pgcarve.settings import Paths
 from pgcarve.virt.domain_xml import InstanceMetadata
@@ -150,3 +152,37 @@ def test_a_promoted_standby_gets_its_new_identity_in_libvirt(tmp_path: Path) -> 
 def test_lsn_order() -> None:
     assert lsn_value("0/0") < lsn_value("0/16B3748") < lsn_value("1/0") < lsn_value("16/B374D848")
     assert lsn_value(None) == -1
+
+
+def test_a_failed_repair_is_tried_again_when_the_sweep_sees_nothing_wrong(tmp_path: Path) -> None:
+    """A repair that failed (a standby running but not streaming, which the sweep cannot see
+    from libvirt) is attempted again after retry_s, and its incident ends recovered."""
+    conn = reset_test_driver()
+    config = FleetConfig(hosts=[HostConfig(name="h1", uri=URI, role="primary")],
+                         replication=Replication(standbys=0), recovery=RecoveryPolicy(primary="restart"))
+    fleet = Fleet(config, Paths(tmp_path))
+    define(conn, 1)
+    supervisor = Supervisor(fleet, sweep_s=0.05, retry_s=0.1)
+    calls: list[int] = []
+
+    def repair(index: int, policy: str, **_: object) -> RepairResult:
+        calls.append(index)
+        if len(calls) == 1:
+            raise GuestNotReady("standbys of pgc-01 (pgc_01_s1) are not streaming after 300 s")
+        return RepairResult()
+
+    supervisor.repairer.repair = repair  # type: ignore[method-assign]
+    try:
+        supervisor.start()
+        incident = supervisor._record(1, "pgc-01-s1", "h1", "standby", "standby not streaming", "test", time.time(),
+                                      "event")
+        supervisor._schedule(1, [incident])
+        deadline = time.monotonic() + 20
+        while incident.status != "recovered":
+            assert time.monotonic() < deadline, f"not tried again: {incident}"
+            time.sleep(0.02)
+        assert calls == [1, 1]
+    finally:
+        supervisor.stop()
+        fleet.close()
+        conn.close()

@@ -172,7 +172,10 @@ class Supervisor:
     def _sweep(self) -> None:
         for inst in self.fleet.observe(with_endpoints=False):
             problems = self._problems(inst)
-            if not problems:
+            # A repair that failed is tried again even when the sweep sees nothing wrong itself
+            # (a standby that runs but does not stream, say): "will try again" must hold.
+            failed = any(i.instance == inst.name and i.status == "failed" for i in self.incidents())
+            if not problems and not failed:
                 continue
             if inst.index in self._running or self.fleet.locks.busy(inst.index):
                 continue
