@@ -45,6 +45,14 @@ class RepairStep:
     message: str
 
 
+class RepairIncomplete(PgcarveError):
+    """A repair that failed after doing something (a failover, say): what, and why it stopped."""
+
+    def __init__(self, cause: PgcarveError, steps: tuple[RepairStep, ...]):
+        super().__init__(str(cause))
+        self.steps = steps
+
+
 @dataclass(frozen=True)
 class RepairResult:
     steps: tuple[RepairStep, ...] = ()
@@ -117,9 +125,13 @@ class Repairer:
 
     # -- failover ------------------------------------------------------------------------------
 
-    def failover(self, inst: Instance, progress: Progress = no_progress) -> Guest:
+    def failover(self, inst: Instance, progress: Progress = no_progress, done: list[RepairStep] | None = None,
+                 why: str = "") -> Guest:
         """Promote the standby with the most WAL, fence the old primary for good, point the other
-        standbys at the new primary and build a new standby where the old primary was."""
+        standbys at the new primary and build a new standby where the old primary was.
+
+        The failover is added to `done` as soon as the new primary answers, so a failure after
+        that (building the replacement standby, say) still says that it failed over."""
         candidates = [g for g in inst.standbys if g.info.state == "running" and g.endpoint is not None]
         if not candidates:
             raise GuestNotReady(f"{inst.name}: no running standby to promote")
@@ -163,6 +175,11 @@ class Repairer:
         meta = best.info.metadata
         self.fleet.hosts[best.info.host].set_metadata(best.name, replace(meta, role="primary", standby=0))
         new_primary = self.provisioner.wait_sql(self.fleet.config.host(best.info.host), best.name, progress)
+        old_name = old.name if old is not None else inst.name
+        if done is not None:
+            rebuilt = f"; {old_name} rebuilt as a standby" if old is not None else ""
+            done.append(RepairStep(old_name, Action.FAILOVER,
+                                   f"{why}failed over from {old_name} to {best.name} on {best.info.host}{rebuilt}"))
 
         # The replacement takes the old primary's name, host and CPUs, and the promoted
         # standby's place in the sync order.
@@ -196,8 +213,17 @@ class Repairer:
 
     def repair(self, index: int, policy: str, progress: Progress = no_progress) -> RepairResult:
         """Bring instance `index` back to a running primary with all its standbys streaming.
-        Returns what was done. Call with the instance held (fleet.locks.exclusive)."""
+        Returns what was done; RepairIncomplete says what was done before a step failed. Call
+        with the instance held (fleet.locks.exclusive)."""
         done: list[RepairStep] = []
+        try:
+            return self._repair(index, policy, progress, done)
+        except PgcarveError as exc:
+            if done:
+                raise RepairIncomplete(exc, tuple(done)) from exc
+            raise
+
+    def _repair(self, index: int, policy: str, progress: Progress, done: list[RepairStep]) -> RepairResult:
         inst = self.current(index)
         if inst is None:
             return RepairResult()
@@ -206,16 +232,11 @@ class Repairer:
         if primary is None or primary.info.state not in ("running", "paused"):
             running_standbys = [g for g in inst.standbys if g.info.state == "running"]
             if policy == "failover" and running_standbys:
-                new = self.failover(inst, progress)
-                done.append(RepairStep(old_name, Action.FAILOVER,
-                                       f"failed over from {old_name} to {new.name} on {new.info.host}; "
-                                       f"{old_name} rebuilt as a standby"))
+                self.failover(inst, progress, done)
             elif primary is None:
                 if not running_standbys:
                     raise GuestNotReady(f"{inst.name}: no primary and no running standby; nothing to recover from")
-                new = self.failover(inst, progress)
-                done.append(RepairStep(old_name, Action.FAILOVER,
-                                       f"primary guest missing: failed over to {new.name} on {new.info.host}"))
+                self.failover(inst, progress, done, why="primary guest missing: ")
             else:
                 try:
                     self.restart(primary, progress)
@@ -225,9 +246,8 @@ class Repairer:
                     if not running_standbys:
                         raise
                     log.error("%s: restarting %s failed (%s); failing over instead", inst.name, primary.name, exc)
-                    new = self.failover(self.current(index) or inst, progress)
-                    done.append(RepairStep(old_name, Action.FAILOVER,
-                                           f"could not restart {primary.name} ({exc}); failed over to {new.name}"))
+                    self.failover(self.current(index) or inst, progress, done,
+                                  why=f"could not restart {primary.name} ({exc}); ")
             inst = self.current(index)
             if inst is None or inst.primary is None:
                 raise GuestNotReady(f"instance {index} has no primary after recovery")

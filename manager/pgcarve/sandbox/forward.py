@@ -40,6 +40,7 @@ from pgcarve.processes import (
 )
 
 CLONE_NEWNET = 0x40000000
+FORWARD_START_TIMEOUT_S = 30.0
 log = logging.getLogger("pgcarve.sandbox")
 
 
@@ -172,7 +173,8 @@ class ForwardRegistry:
             stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
             start_new_session=True,
         )
-        deadline = time.monotonic() + 10
+        # A new Python process entering a namespace: seconds on a host busy booting guests.
+        deadline = time.monotonic() + FORWARD_START_TIMEOUT_S
         while time.monotonic() < deadline:
             started = _load(state)
             if started is not None and started.pid == proc.pid:
@@ -183,7 +185,7 @@ class ForwardRegistry:
                     return self.ensure_fresh(name, netns, target)
                 raise SandboxError(f"forward for {name} to {target} failed to start: {err.strip()[-300:]}")
             time.sleep(0.02)
-        raise SandboxError(f"forward for {name} to {target} did not start in 10 s")
+        raise SandboxError(f"forward for {name} to {target} did not start in {FORWARD_START_TIMEOUT_S:.0f} s")
 
     def ensure_fresh(self, name: str, netns: str, target: str) -> Forward:
         self._file(name).unlink(missing_ok=True)
