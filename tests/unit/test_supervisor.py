@@ -13,7 +13,7 @@ import libvirt
 import pytest
 from pgcarve.config import FleetConfig, HostConfig, RecoveryPolicy, Replication
 from pgcarve.control.fleet import Fleet
-from pgcarve.control.recovery import RepairResult
+from pgcarve.control.recovery import Action, RepairIncomplete, RepairResult, RepairStep
 from pgcarve.control.removal import discard_half_made, discard_instance
 from pgcarve.control.supervisor import Incident, Supervisor
 from pgcarve.errors import GuestNotReady
@@ -182,6 +182,45 @@ def test_a_failed_repair_is_tried_again_when_the_sweep_sees_nothing_wrong(tmp_pa
             assert time.monotonic() < deadline, f"not tried again: {incident}"
             time.sleep(0.02)
         assert calls == [1, 1]
+    finally:
+        supervisor.stop()
+        fleet.close()
+        conn.close()
+
+
+def test_a_failover_that_failed_half_way_is_still_reported_as_a_failover(tmp_path: Path) -> None:
+    """The first attempt promotes a standby, then fails building the replacement; the retry finds
+    nothing left to do. The incident ends recovered, says it failed over, and keeps why the first
+    attempt stopped."""
+    conn = reset_test_driver()
+    config = FleetConfig(hosts=[HostConfig(name="h1", uri=URI, role="primary")],
+                         replication=Replication(standbys=0), recovery=RecoveryPolicy(primary="failover"))
+    fleet = Fleet(config, Paths(tmp_path))
+    define(conn, 1)
+    supervisor = Supervisor(fleet, sweep_s=0.05, retry_s=0.1)
+    promoted = RepairStep("pgc-01", Action.FAILOVER, "failed over from pgc-01 to pgc-01-s1 on h2")
+    attempts: list[int] = []
+
+    def repair(index: int, policy: str, **_: object) -> RepairResult:
+        attempts.append(index)
+        if len(attempts) == 1:
+            raise RepairIncomplete(GuestNotReady("forward for pgc-01 did not start in 30 s"), (promoted,))
+        return RepairResult()
+
+    supervisor.repairer.repair = repair  # type: ignore[method-assign]
+    try:
+        supervisor.start()
+        incident = supervisor._record(1, "pgc-01", "h1", "primary", "primary stopped", "test", time.time(), "event")
+        supervisor._schedule(1, [incident])
+        deadline = time.monotonic() + 20
+        while incident.status != "recovered":
+            assert time.monotonic() < deadline, f"not recovered: {incident}"
+            if incident.status == "failed":
+                assert incident.action == "failover" and "then failed: forward" in incident.message, incident
+            time.sleep(0.01)
+        assert incident.action == "failover", incident
+        assert incident.message.startswith("failed over from pgc-01 to pgc-01-s1"), incident
+        assert len(attempts) == 2
     finally:
         supervisor.stop()
         fleet.close()

@@ -38,8 +38,9 @@ def test_libvirt_accepts_each() -> None:
     """Defined on libvirt's test driver, so libvirt itself parses and validates them."""
     conn = libvirt.open("test:///default")
     try:
-        # Names of their own: test:///default is shared by every test in this process.
-        pool = conn.storagePoolDefineXML(replace(CASES["pool"], name="spec-check-pool").to_xml(), 0)
+        # Names (and a pool path) of their own: test:///default is shared by every test here.
+        pool = conn.storagePoolDefineXML(
+            replace(CASES["pool"], name="spec-check-pool", path="/spec-check/pool").to_xml(), 0)
         try:
             pool.create(0)
             upload = pool.createXML(CASES["volume-upload"].to_xml(), 0)

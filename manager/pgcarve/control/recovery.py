@@ -51,6 +51,14 @@ class RepairStep:
     message: str
 
 
+class RepairIncomplete(PgcarveError):
+    """A repair that failed after doing something (a failover, say): what, and why it stopped."""
+
+    def __init__(self, cause: PgcarveError, steps: tuple[RepairStep, ...]):
+        super().__init__(str(cause))
+        self.steps = steps
+
+
 @dataclass(frozen=True)
 class RepairResult:
     steps: tuple[RepairStep, ...] = ()
@@ -145,8 +153,18 @@ class Repairer:
 
         `host_lost`: the primary's host has not answered for recovery.host_timeout_s (fail over);
         `isolated`: the primary answers but has had no synchronous standby for that long while its
-        standbys answer (fail over). Call with the instance held (fleet.locks.exclusive)."""
+        standbys answer (fail over). RepairIncomplete says what was done before a step failed.
+        Call with the instance held (fleet.locks.exclusive)."""
         done: list[RepairStep] = []
+        try:
+            return self._repair(index, policy, host_lost, isolated, progress, done)
+        except PgcarveError as exc:
+            if done:
+                raise RepairIncomplete(exc, tuple(done)) from exc
+            raise
+
+    def _repair(self, index: int, policy: str, host_lost: bool, isolated: bool, progress: Progress,
+                done: list[RepairStep]) -> RepairResult:
         inst = self.current(index)
         if inst is None:
             return RepairResult()

@@ -26,7 +26,7 @@ import psycopg
 from pgcarve.control.fleet import Fleet, Guest, Instance
 from pgcarve.control.primary_watch import PrimaryWatch
 from pgcarve.control.provisioning import Provisioner
-from pgcarve.control.recovery import Action, Repairer
+from pgcarve.control.recovery import Action, Repairer, RepairIncomplete, RepairStep
 from pgcarve.errors import NotFound, PgcarveError
 from pgcarve.postgres import replication
 from pgcarve.virt.events import GuestEvent, LifecycleWatch
@@ -86,6 +86,7 @@ class Supervisor:
         self._pending: dict[int, _Pending] = {}  # instance index -> incidents awaiting repair
         self._running: set[int] = set()
         self._last_attempt: dict[int, float] = {}
+        self._earlier: dict[int, list[RepairStep]] = {}  # incident id -> done by attempts that failed
         self._stop = threading.Event()
         self._sweep_now = threading.Event()
         self._watches = [LifecycleWatch(h.name, h.uri, self._events.put, self._connected)
@@ -334,7 +335,13 @@ class Supervisor:
                         result = self.repairer.repair(index, self.policy, host_lost=host_lost, isolated=isolated)
                     except PgcarveError as exc:
                         log.error("instance %d: recovery failed: %s (will try again)", index, exc)
-                        self._finish(incidents, "failed", self.policy, str(exc))
+                        steps = list(exc.steps) if isinstance(exc, RepairIncomplete) else []
+                        for incident in incidents:  # what was done stays the incident's story
+                            self._earlier.setdefault(incident.id, []).extend(steps)
+                        done = self._earlier.get(incidents[0].id, []) if incidents else []
+                        self._finish(incidents, "failed", _decisive(done).value if done else self.policy,
+                                     "; ".join([*(step.message for step in done), f"then failed: {exc}"])
+                                     if done else str(exc))
                         continue
                     except Exception as exc:  # a bug must not kill the HA loop
                         log.exception("instance %d: recovery crashed", index)
@@ -351,15 +358,20 @@ class Supervisor:
                         if not later.incidents:
                             del self._pending[index]
                 for incident in (*incidents, *settled):
-                    steps = result.for_guest(incident.guest) or list(result.steps)
+                    # Earlier attempts that failed half-way count too (a failover, then a retry).
+                    steps = self._earlier.pop(incident.id, []) + (result.for_guest(incident.guest)
+                                                                  or list(result.steps))
                     message = ("; ".join(step.message for step in steps)
                                or "nothing to do: the instance was already whole")
-                    # The most decisive thing done for this guest names the action.
-                    actions = {step.action for step in steps}
-                    action = next((a for a in (Action.FAILOVER, Action.REJOIN, Action.REBUILD, Action.RESTART,
-                                               Action.FOLLOW) if a in actions), Action.NONE)
-                    self._finish([incident], "recovered", action.value, message)
+                    self._finish([incident], "recovered", _decisive(steps).value, message)
         finally:
             with self._lock:
                 self._running.discard(index)
             self.on_change()
+
+
+def _decisive(steps: list[RepairStep]) -> Action:
+    """The most decisive thing done names a repair's action."""
+    actions = {step.action for step in steps}
+    return next((a for a in (Action.FAILOVER, Action.REJOIN, Action.REBUILD, Action.RESTART, Action.FOLLOW)
+                 if a in actions), Action.NONE)

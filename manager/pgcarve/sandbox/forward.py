@@ -57,6 +57,7 @@ EXIT_PORT_TAKEN = 3  # the forward's port is held by another program
 PROBE_OPEN_S = 3.0  # while accepting: how often the target is checked
 PROBE_CLOSED_S = 1.0  # while refusing: how often the target is tried again
 CONNECT_TIMEOUT_S = 5.0
+FORWARD_START_TIMEOUT_S = 30.0
 log = logging.getLogger("pgcarve.sandbox")
 
 
@@ -346,7 +347,8 @@ class ForwardRegistry:
             stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
             start_new_session=True,
         )
-        deadline = time.monotonic() + 10
+        # A new Python process entering a namespace: seconds on a host busy booting guests.
+        deadline = time.monotonic() + FORWARD_START_TIMEOUT_S
         while time.monotonic() < deadline:
             started = _load(state)
             if started is not None and started.pid == proc.pid:
@@ -358,7 +360,7 @@ class ForwardRegistry:
                 err = proc.stderr.read().decode() if proc.stderr else ""
                 raise SandboxError(f"forward for {name} to {target} failed to start: {err.strip()[-300:]}")
             time.sleep(0.02)
-        raise SandboxError(f"forward for {name} to {target} did not start in 10 s")
+        raise SandboxError(f"forward for {name} to {target} did not start in {FORWARD_START_TIMEOUT_S:.0f} s")
 
     def remove(self, name: str) -> None:
         """Stop the guest's forward; a stale state file is only deleted. The name keeps its port."""
