@@ -191,12 +191,12 @@ class Supervisor:
         self._schedule(meta.index, [incident])
 
     def _sweep(self) -> None:
+        # A repair that failed is tried again even when the sweep sees nothing wrong itself (a
+        # standby that runs but does not stream, say): "will try again" must hold.
+        failed = {i.instance for i in self.incidents() if i.status == "failed"}
         for inst in self._view():
             problems = self._problems(inst)
-            # A repair that failed is tried again even when the sweep sees nothing wrong itself
-            # (a standby that runs but does not stream, say): "will try again" must hold.
-            failed = any(i.instance == inst.name and i.status == "failed" for i in self.incidents())
-            if not problems and not failed:
+            if not problems and inst.name not in failed:
                 continue
             if inst.index in self._running or self.fleet.locks.busy(inst.index):
                 continue
@@ -337,11 +337,11 @@ class Supervisor:
                         log.error("instance %d: recovery failed: %s (will try again)", index, exc)
                         steps = list(exc.steps) if isinstance(exc, RepairIncomplete) else []
                         for incident in incidents:  # what was done stays the incident's story
-                            self._earlier.setdefault(incident.id, []).extend(steps)
-                        done = self._earlier.get(incidents[0].id, []) if incidents else []
-                        self._finish(incidents, "failed", _decisive(done).value if done else self.policy,
-                                     "; ".join([*(step.message for step in done), f"then failed: {exc}"])
-                                     if done else str(exc))
+                            done = self._earlier.setdefault(incident.id, [])
+                            done.extend(steps)
+                            self._finish([incident], "failed", _decisive(done).value if done else self.policy,
+                                         "; ".join([*(step.message for step in done), f"then failed: {exc}"])
+                                         if done else str(exc))
                         continue
                     except Exception as exc:  # a bug must not kill the HA loop
                         log.exception("instance %d: recovery crashed", index)
