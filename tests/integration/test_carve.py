@@ -1,8 +1,9 @@
-"""Carving for real, in a 3-host sandbox: scale 0 -> 2 -> 1 -> 2 -> 1 over HTTP, pinning read back
+"""Carving for real, in a 3-host sandbox: scale 0 -> 2 -> 1 -> 2 over HTTP, pinning read back
 through libvirt, SQL in every primary, synchronous standbys on other hosts, committed rows on the
 standby, the API's aggregate TPS against pgbench's, a scale-down that cannot catch up and lifts
-its fence, scale-down retiring an instance and scale-up bringing the same database back, purge,
-and a teardown that leaves nothing behind. Tests run in file order and share the booted guests."""
+its fence, and scale-down retiring an instance and scale-up bringing the same database back.
+test_connect.py uses the two instances left here, then purges one. Tests run in file order and
+share the booted guests."""
 
 from __future__ import annotations
 
@@ -20,9 +21,10 @@ from pgcarve.control.fleet import Fleet, Guest
 from pgcarve.control.removal import leftovers
 from pgcarve.postgres.pgbench import run_pgbench, setup_transactions
 from pgcarve.postgres.session import CLIENT_DATABASE
+from pgcarve.sandbox.forward import ForwardRegistry
 from pgcarve.virt.host import LibvirtHost
 
-from tests.integration.conftest import IT_STATE, TOKEN, CarveEnv, wait_for, wait_operation
+from tests.integration.conftest import IT_STATE, CarveEnv, wait_for, wait_operation
 
 pytestmark = pytest.mark.integration
 
@@ -249,6 +251,9 @@ def test_scale_down_retires_and_scale_up_brings_the_database_back(carve_env: Car
             conn.execute("insert into acked values (1000, 'before scale-down')")
             before[name] = conn.execute("select system_identifier, (select count(*) from acked) "
                                         "from pg_control_system()").fetchone()
+    forwards = ForwardRegistry(carve_env.paths.sandbox_dir / "forwards")
+    ports_before = {g: p for g, p in forwards.ports().items() if g.startswith("pgc-02")}
+    assert len(ports_before) == 3, ports_before
     op = _scale(carve_env, 1, 300)
     assert op["status"] == "succeeded", op["error"]
     assert "retired 1 (disks kept)" in str(op["message"]), op
@@ -280,26 +285,5 @@ def test_scale_down_retires_and_scale_up_brings_the_database_back(carve_env: Car
         assert after.fetchone() == before["pgc-02"], "the same database, every row"
         conn.execute("insert into acked values (1002, 'after coming back')")
     fleet.close()
-
-
-def test_purge_deletes_a_retired_instance_when_asked_by_name(carve_env: CarveEnv) -> None:
-    op = _scale(carve_env, 1, 300)
-    assert op["status"] == "succeeded", op["error"]
-    # The operator's shell: the state directory and the API's token (purging is a mutation).
-    env = dict(os.environ, PGCARVE_STATE_DIR=str(carve_env.paths.state_dir), PGCARVE_TOKEN=TOKEN)
-    cli = [sys.executable, "-m", "pgcarve.cli"]
-    status = subprocess.run([*cli, "status"], capture_output=True, text=True, env=env, check=True)
-    assert "retired" in status.stdout and "pgcarve purge pgc-02" in status.stdout, status.stdout
-    refused = subprocess.run([*cli, "purge", "pgc-02"], capture_output=True, text=True, env=env,
-                             stdin=subprocess.DEVNULL)
-    assert refused.returncode != 0 and "--confirm pgc-02" in refused.stderr + refused.stdout
-    running = subprocess.run([*cli, "purge", "pgc-01", "--confirm", "pgc-01"], capture_output=True, text=True, env=env)
-    assert running.returncode != 0 and "not retired" in running.stderr + running.stdout
-    done = subprocess.run([*cli, "purge", "pgc-02", "--confirm", "pgc-02"], capture_output=True, text=True, env=env)
-    assert done.returncode == 0, done.stderr
-    print(done.stdout.strip())
-    with carve_env.client() as client:
-        assert [d["name"] for d in client.get("/v1/instances", params={"include": "retired"}).json()] == ["pgc-01"]
-    fleet = fleet_of(carve_env)
-    assert not [v for v in leftovers(fleet) if "pgc-02" in v], "purged: pgc-02's disks are gone"
-    fleet.close()
+    # Its endpoints are the ones applications already have: every guest kept its forward port.
+    assert {g: forwards.port(g) for g in ports_before} == ports_before

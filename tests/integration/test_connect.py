@@ -1,10 +1,12 @@
 """Applications connect, in the shared 3-host sandbox: the API's endpoint URIs and credentials,
 TLS everywhere, an application role confined to its own instance and database, replication
-accepted only from an instance's own guests, and `pgcarve connect | dsn | service-file`.
+accepted only from an instance's own guests, `pgcarve connect | dsn | service-file`, and, last,
+`pgcarve purge` of a retired instance.
 
-Runs after test_carve.py, which leaves pgc-01. Cross-instance checks need a second instance:
-the module scales to 2 and, at the end, back to what it found, so later modules (test_faults.py)
-find the fleet as it was. Tests run in file order and share the guests.
+Runs after test_carve.py, on the two instances it leaves (cross-instance checks need a second
+one); booting a second instance anew would cost minutes under emulation. The last test scales to
+1 and purges pgc-02, so test_faults.py starts from pgc-01 alone. Tests run in file order and share
+the guests.
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ import libvirt_qemu
 import psycopg
 import pytest
 from pgcarve.control.fleet import Fleet, Guest
+from pgcarve.control.removal import leftovers
 from pgcarve.guest.tls import FleetCA
 from pgcarve.postgres import hba
 from pgcarve.postgres.conninfo import GUEST_CA_FILE
@@ -52,17 +55,11 @@ def scale(env: CarveEnv, instances: int) -> None:
 
 
 @pytest.fixture(scope="module", autouse=True)
-def two_instances(carve_env: CarveEnv) -> Iterator[dict[str, int]]:
-    """pgc-01 and pgc-02 with their standbys; afterwards the fleet is scaled back to what was
-    found. Yields the ports the guest names had before this module (a guest name keeps its port)."""
-    found = [d["name"] for d in api_get(carve_env, "/v1/instances")]
-    ports_before = ForwardRegistry(carve_env.paths.sandbox_dir / "forwards").ports()
-    if found != ["pgc-01", "pgc-02"]:
+def two_instances(carve_env: CarveEnv) -> None:
+    """pgc-01 and pgc-02 with their standbys: left by test_carve.py, or made here when run alone.
+    The module's last test scales back to 1 and purges pgc-02 (test_faults.py starts from pgc-01)."""
+    if [d["name"] for d in api_get(carve_env, "/v1/instances")] != ["pgc-01", "pgc-02"]:
         scale(carve_env, 2)
-    try:
-        yield ports_before
-    finally:
-        scale(carve_env, len(found))
 
 
 @pytest.fixture()
@@ -86,8 +83,7 @@ def connect(uri: str, password: str, **params: str) -> psycopg.Connection[tuple[
     return psycopg.connect(make_conninfo(uri, password=password, **params), autocommit=True, connect_timeout=10)
 
 
-def test_instances_have_endpoints_over_all_their_guests(carve_env: CarveEnv, fleet: Fleet,
-                                                       two_instances: dict[str, int]) -> None:
+def test_instances_have_endpoints_over_all_their_guests(carve_env: CarveEnv) -> None:
     forwards = ForwardRegistry(carve_env.paths.sandbox_dir / "forwards")
     for name in ("pgc-01", "pgc-02"):
         uris = endpoints(carve_env, name)
@@ -101,10 +97,6 @@ def test_instances_have_endpoints_over_all_their_guests(carve_env: CarveEnv, fle
             assert "password" not in parsed
     listed = {d["name"]: d["endpoints"] for d in api_get(carve_env, "/v1/instances")}
     assert listed["pgc-01"] == endpoints(carve_env, "pgc-01")
-    # pgc-02 was removed by test_carve.py and made again here: its guests kept their ports.
-    for guest, port in two_instances.items():
-        if guest.startswith("pgc-02"):
-            assert forwards.port(guest) == port, f"{guest} moved from port {port}"
     print(f"endpoints of pgc-01: rw {listed['pgc-01']['rw']}")
 
 
@@ -269,3 +261,27 @@ def test_the_command_line_connects(carve_env: CarveEnv, tmp_path: Path) -> None:
                                f"service={service}"], capture_output=True, text=True, timeout=60, check=False,
                               env={**env, **variables})
         assert done.returncode == 0 and done.stdout.strip() == f"app|{standby}", (service, done.stderr)
+
+
+def test_purge_deletes_a_retired_instance_when_asked_by_name(carve_env: CarveEnv) -> None:
+    """Last here: scaling to 1 retires pgc-02, and only `pgcarve purge NAME --confirm NAME` on a
+    retired instance deletes its disks."""
+    scale(carve_env, 1)
+    # The operator's shell: the state directory and the API's token (purging is a mutation).
+    env = dict(os.environ, PGCARVE_STATE_DIR=str(carve_env.paths.state_dir), PGCARVE_TOKEN=TOKEN)
+    cli = [sys.executable, "-m", "pgcarve.cli"]
+    status = subprocess.run([*cli, "status"], capture_output=True, text=True, env=env, check=True)
+    assert "retired" in status.stdout and "pgcarve purge pgc-02" in status.stdout, status.stdout
+    refused = subprocess.run([*cli, "purge", "pgc-02"], capture_output=True, text=True, env=env,
+                             stdin=subprocess.DEVNULL)
+    assert refused.returncode != 0 and "--confirm pgc-02" in refused.stderr + refused.stdout
+    running = subprocess.run([*cli, "purge", "pgc-01", "--confirm", "pgc-01"], capture_output=True, text=True, env=env)
+    assert running.returncode != 0 and "not retired" in running.stderr + running.stdout
+    done = subprocess.run([*cli, "purge", "pgc-02", "--confirm", "pgc-02"], capture_output=True, text=True, env=env)
+    assert done.returncode == 0, done.stderr
+    print(done.stdout.strip())
+    with carve_env.client() as client:
+        assert [d["name"] for d in client.get("/v1/instances", params={"include": "retired"}).json()] == ["pgc-01"]
+    fleet = Fleet(carve_env.config, carve_env.paths)
+    assert not [v for v in leftovers(fleet) if "pgc-02" in v], "purged: pgc-02's disks are gone"
+    fleet.close()
