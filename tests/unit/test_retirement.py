@@ -18,7 +18,7 @@ from pgcarve.control.retired import parse_marker, retired_instances
 from pgcarve.control.retirement import finish_interrupted, purge
 from pgcarve.control.scaler import Scaler
 from pgcarve.control.service import ManagerService
-from pgcarve.errors import CapacityError, Conflict, NotFound
+from pgcarve.errors import CapacityError, Conflict, NotFound, PgcarveError
 from pgcarve.settings import Paths
 
 from bench import simulated_hosts
@@ -94,6 +94,26 @@ def test_scale_down_retires_and_scale_up_brings_the_same_instances_back(world: W
     plan = world.scaler.scale(4)
     assert plan.revive == (3,) and plan.create == (4,)
     assert retired_instances(world.fleet) == []
+
+
+def test_a_host_that_cannot_list_its_retired_disks_is_said_once_per_outage(
+        world: World, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
+    world.scaler.scale(2)
+    world.scaler.scale(1)
+    storage = world.fleet.hosts["db1"].storage
+
+    def lost() -> set[str]:
+        raise PgcarveError("host db1: cannot reach libvirt")
+
+    monkeypatch.setattr(storage, "volume_names", lost)
+    with caplog.at_level("INFO", logger="pgcarve.control.retired"):
+        for _ in range(3):  # the API and the HA loop read every few seconds while a host is lost
+            assert retired_instances(world.fleet) == [], "a host that does not answer lists nothing"
+        monkeypatch.undo()
+        assert [r.name for r in retired_instances(world.fleet)] == ["pgcbench-02"]
+    said = [r.getMessage() for r in caplog.records]
+    assert len(said) == 2 and "cannot list retired disks" in said[0], said
+    assert "listed again" in said[1], said
 
 
 def test_purge_deletes_only_a_retired_instance_and_only_by_name(world: World) -> None:

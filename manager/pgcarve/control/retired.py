@@ -85,6 +85,11 @@ def parse_marker(volume: str, host: str, disk_mib: int = 0) -> RetiredGuest | No
                         retired_at=float(found["at"]), image_tag=found["tag"], disk_mib=disk_mib)
 
 
+# Hosts whose retired disks could not be listed: said once per outage, not on every read (the
+# API and the HA loop read every few seconds while a host is lost).
+_unlisted_hosts: set[str] = set()
+
+
 def retired_instances(fleet: Fleet) -> list[RetiredInstance]:
     """Every retired instance of this fleet, read from the marker volumes on the hosts that answer."""
     by_index: dict[int, list[RetiredGuest]] = {}
@@ -95,8 +100,14 @@ def retired_instances(fleet: Fleet) -> list[RetiredInstance]:
                      for g in (parse_marker(v, host_name),) if g is not None]
             sizes = lv.storage.allocations_mib([disk_volume(g.name) for g in found]) if found else {}
         except PgcarveError as exc:
-            log.warning("host %s: cannot list retired disks: %s", host_name, exc)
+            if host_name not in _unlisted_hosts:
+                _unlisted_hosts.add(host_name)
+                log.warning("host %s: cannot list retired disks (its retired instances are left out of listings "
+                            "until it answers): %s", host_name, exc)
             continue
+        if host_name in _unlisted_hosts:
+            _unlisted_hosts.discard(host_name)
+            log.info("host %s: its retired disks are listed again", host_name)
         for guest in found:
             by_index.setdefault(guest.index, []).append(replace(guest, disk_mib=sizes.get(disk_volume(guest.name), 0)))
     return [RetiredInstance(name=instance_name(fleet.config.fleet, index), index=index,
