@@ -228,15 +228,24 @@ class Repairer:
 
         def bring_back(guest: Guest) -> RepairStep:
             try:
-                self.restart(guest, progress)
-                return RepairStep(guest.name, Action.RESTART,
-                                  f"restarted standby {guest.name} from its disk on {guest.info.host}")
+                restarted = self.restart(guest, progress)
             except PgcarveError as exc:
                 log.error("%s: standby %s did not come back (%s); rebuilding it", inst.name, guest.name, exc)
                 host = self.fleet.config.host(guest.info.host)
                 self.rebuild_standby(primary, host, guest.name, guest.info.metadata.standby, progress)
                 return RepairStep(guest.name, Action.REBUILD,
                                   f"rebuilt standby {guest.name} on {guest.info.host} (restart failed: {exc})")
+            # A failover while it was down left it following a primary that is gone: point it at
+            # this one now (a no-op when it already does), or the wait for streaming below waits
+            # out its whole timeout. If it cannot follow, the next sweep rewinds it after the grace.
+            try:
+                self.failover.follow(restarted, primary)
+            except psycopg.Error as exc:
+                raise GuestNotReady(f"{guest.name} restarted but could not be pointed at {primary.name}: "
+                                    f"{exc}") from exc
+            self._refollowed[guest.name] = time.monotonic()
+            return RepairStep(guest.name, Action.RESTART,
+                              f"restarted standby {guest.name} from its disk on {guest.info.host}")
 
         def rebuild(host: HostConfig, name: str, number: int) -> RepairStep:
             self.rebuild_standby(primary, host, name, number, progress)
