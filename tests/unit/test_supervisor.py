@@ -16,7 +16,7 @@ from pgcarve.config import FleetConfig, HostConfig, RecoveryPolicy, Replication
 from pgcarve.control.fleet import Fleet
 from pgcarve.control.recovery import Action, RepairIncomplete, RepairResult, RepairStep
 from pgcarve.control.removal import discard_half_made, discard_instance
-from pgcarve.control.supervisor import Incident, Supervisor
+from pgcarve.control.supervisor import Incident, Supervisor, repair_progress
 from pgcarve.errors import GuestNotReady, PgcarveError
 from pgcarve.postgres.replication import lsn_value
 from pgcarve.settings import Paths
@@ -218,3 +218,16 @@ def test_a_failover_that_failed_half_way_is_still_reported_as_a_failover(tmp_pat
     assert incident.action == "failover", incident
     assert (incident.message or "").startswith("failed over from pgc-01 to pgc-01-s1"), incident
     assert attempts == [1, 1]
+
+
+def test_repair_steps_are_logged_once_per_change(caplog: pytest.LogCaptureFixture) -> None:
+    progress = repair_progress(3)
+    with caplog.at_level("INFO", logger="pgcarve.control.supervisor"):
+        for _ in range(3):  # a wait reports the same step twice a second
+            progress("pgc-03", "waiting for standbys to stream", 0.9)
+        progress("pgc-03-s1", "starting again from its disk on h1", 0.2)
+        progress("pgc-03", "waiting for standbys to stream", 0.9)
+    assert [r.getMessage() for r in caplog.records] == [
+        "instance 3: pgc-03: waiting for standbys to stream",
+        "instance 3: pgc-03-s1: starting again from its disk on h1",
+    ]

@@ -23,7 +23,7 @@ from dataclasses import asdict, dataclass, field
 
 import psycopg
 
-from pgcarve.control.fleet import Fleet, Guest, Instance
+from pgcarve.control.fleet import Fleet, Guest, Instance, Progress
 from pgcarve.control.primary_watch import PrimaryWatch
 from pgcarve.control.provisioning import Provisioner
 from pgcarve.control.recovery import Action, Repairer, RepairIncomplete, RepairStep
@@ -32,6 +32,19 @@ from pgcarve.postgres import replication
 from pgcarve.virt.events import GuestEvent, LifecycleWatch
 
 log = logging.getLogger("pgcarve.control.supervisor")
+
+
+def repair_progress(index: int) -> Progress:
+    """Each step of an HA-loop repair in the log, once per change (a repair can take minutes:
+    the log says which guest it waits for, and since when)."""
+    said: dict[str, str] = {}
+
+    def progress(guest: str, step: str, _fraction: float) -> None:
+        if said.get(guest) != step:
+            said[guest] = step
+            log.info("instance %d: %s: %s", index, guest, step)
+
+    return progress
 
 
 @dataclass
@@ -332,7 +345,8 @@ class Supervisor:
                 isolated = any(i.what == ISOLATED for i in incidents)
                 with self.fleet.locks.exclusive(index, "recovering from a fault"):
                     try:
-                        result = self.repairer.repair(index, self.policy, host_lost=host_lost, isolated=isolated)
+                        result = self.repairer.repair(index, self.policy, host_lost=host_lost, isolated=isolated,
+                                                      progress=repair_progress(index))
                     except PgcarveError as exc:
                         log.error("instance %d: recovery failed: %s (will try again)", index, exc)
                         steps = list(exc.steps) if isinstance(exc, RepairIncomplete) else []
