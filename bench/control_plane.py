@@ -22,11 +22,12 @@ from typing import Any
 from pgcarve.config import HostConfig
 from pgcarve.control.fleet import Fleet
 from pgcarve.control.provisioning import Provisioner
-from pgcarve.control.removal import volumes_of
+from pgcarve.control.retired import retired_instances
+from pgcarve.control.retirement import purge
 from pgcarve.control.scaler import Scaler
 from pgcarve.errors import PgcarveError
 from pgcarve.guest.seed import write_seed_iso
-from pgcarve.naming import instance_name
+from pgcarve.naming import disk_volume, instance_name
 from pgcarve.planning.planner import PlannerConfig, capacity, plan_host
 from pgcarve.planning.topology import HostTopology, parse_capabilities
 from pgcarve.settings import Paths
@@ -84,7 +85,7 @@ def reconcile_control_plane(fleet: Fleet, instances: int, parallel: int) -> dict
         host, _standby_hosts = fleet.placement.hosts_for(index)
         t1 = time.perf_counter()
         lv = fleet.hosts[host.name]
-        disk, _seed = volumes_of(instance_name(fleet.config.fleet, index))
+        disk = disk_volume(instance_name(fleet.config.fleet, index))
         lv.storage.create_overlay(disk, images[host.name].disk, fleet.config.instance.disk_gib)
         t2 = time.perf_counter()
         spec = primary_spec(provisioner, host, index, images[host.name])  # includes the plan (plan_host)
@@ -212,7 +213,7 @@ def measure_get(app: Any, path: str, requests: int, expect: int, transport: str)
 
 def seed_iso_ms(fleet: Fleet, repeat: int = 5) -> float:
     """p50 time of one seed ISO build (genisoimage), as Provisioner.create_guest does per guest."""
-    seed = Provisioner(fleet).primary_seed(instance_name(fleet.config.fleet, 1), [])
+    seed = Provisioner(fleet).primary_seed(instance_name(fleet.config.fleet, 1), None)
     times = []
     with tempfile.TemporaryDirectory(prefix="pgcarve-bench-seed-") as tmp:
         for k in range(repeat):
@@ -252,18 +253,24 @@ def planner_timing(repeat: int = 50) -> dict[str, Any]:
 def measure_scaler_path(fleet: Fleet, instances: int) -> dict[str, Any]:
     """Scaler.scale(0), then Scaler.scale(N) through the real Provisioner.create_instance; only
     the wait for PostgreSQL is replaced (guests never boot on the test driver)."""
-    log(f"control plane: Scaler.scale({instances} -> 0), then Scaler.scale(0 -> {instances}) "
+    log(f"control plane: Scaler.scale({instances} -> 0) (retires), purge, then Scaler.scale(0 -> {instances}) "
         "through Provisioner.create_instance with the guest waits stubbed")
     scaler = Scaler(fleet)
     scaler.provisioner = Provisioner(fleet, ready=accepts_sql_at_once(fleet))
     t = time.perf_counter()
     scaler.scale(0)
     down_s = time.perf_counter() - t
+    # Scale-down retires (disks kept); purge them so that scale-up creates every instance anew.
+    t = time.perf_counter()
+    for retired in retired_instances(fleet):
+        purge(fleet, retired.name)
+    purge_s = time.perf_counter() - t
     t = time.perf_counter()
     scaler.scale(instances)
     up_s = time.perf_counter() - t
     return {
         "scale_down_s": round(down_s, 3),
+        "purge_retired_s": round(purge_s, 3),
         "scale_up_s": round(up_s, 3),
         "seed_iso_build_ms_p50": seed_iso_ms(fleet),
         "observe_at_n_ms": time_observe(fleet, repeat=1)["with_endpoints_ms"],

@@ -89,7 +89,7 @@ def run_load(fleet: Fleet, targets: Sequence[LoadTarget], seconds: int, sampling
         extra = ("-P", "1", "-l", f"--log-prefix={prefixes[target.label]}", f"--sampling-rate={sampling_rate}")
         return run_pgbench(target.guest.name, target.guest.endpoint, fleet.credentials.admin_password,
                            target.clients, target.jobs, seconds, script=target.script,
-                           extra_args=extra)
+                           extra_args=extra, tls=fleet.client_tls)
 
     t = time.time()
     with ThreadPoolExecutor(max_workers=len(targets)) as pool:

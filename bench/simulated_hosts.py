@@ -111,7 +111,8 @@ def testdriver_config(hosts: int, uri: str, fleet: str = BENCH_FLEET) -> FleetCo
         domain_type="qemu",
         instance=InstanceSize(vcpus=1, memory_mib=4096, housekeeping_cpus=None, hugepages=False, clusters=1, disk_gib=8,
                               disk_reserve_mib=0),
-        replication=Replication(standbys=0, sync_mode="FIRST", sync_count=1, synchronous_commit="remote_write"),
+        replication=Replication(standbys=0, sync_mode="FIRST", sync_count=1, synchronous_commit="remote_write",
+                                retire_catch_up_s=120),
         hosts=[HostConfig(name=f"db{i + 1}", uri=uri, role="primary", pool="pgcarve",
                           pool_path="/var/lib/libvirt/pgcarve", network="pgcarve", reach="direct", netns=None)
                for i in range(hosts)],

@@ -180,7 +180,7 @@ variable "seeds" {
     meta_data = string
     user_data = string
   }))
-  description = "NoCloud seed per instance name: user_data (\"#cloud-config\" then JSON carrying /etc/pgcarve/instance.json with SCRAM verifiers, no plaintext password) and meta_data (JSON), rendered by pgcarve with the fleet's credentials. Read by the guest on first boot only: later changes are ignored (replace the guest to re-seed it)."
+  description = "NoCloud seed per instance name: user_data (\"#cloud-config\" then JSON carrying /etc/pgcarve/instance.json with SCRAM verifiers, no plaintext password, and the guest's TLS key and certificate) and meta_data (JSON), rendered by pgcarve with the fleet's and the instance's credentials. Read by the guest on first boot only: later changes are ignored (replace the guest to re-seed it)."
   sensitive   = true
 
   validation {

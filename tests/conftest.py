@@ -11,6 +11,9 @@ import psycopg
 import pytest
 from psycopg.conninfo import conninfo_to_dict
 
+# Fixtures shared by test modules in several directories.
+pytest_plugins = ["tests.support.guest_script"]
+
 
 def pytest_addoption(parser: pytest.Parser) -> None:
     parser.addoption("--regenerate-output", action="store_true", default=False,
@@ -67,9 +70,10 @@ def traffic_stays_on_this_machine() -> Iterator[None]:
 
     def libpq_hosts(conninfo: str, kwargs: dict[str, Any]) -> None:
         params = {**conninfo_to_dict(conninfo), **kwargs}
-        for key in ("host", "hostaddr"):
-            for host in str(params.get(key) or "").split(","):
-                _refuse_off_machine(host.strip() or None, "a PostgreSQL connection")
+        # With hostaddr, libpq connects there and uses host only as the name to verify (verify-full).
+        key = "hostaddr" if params.get("hostaddr") else "host"
+        for host in str(params.get(key) or "").split(","):
+            _refuse_off_machine(host.strip() or None, "a PostgreSQL connection")
 
     real_sync = psycopg.Connection.connect.__func__  # type: ignore[attr-defined]
     real_async = psycopg.AsyncConnection.connect.__func__  # type: ignore[attr-defined]

@@ -29,7 +29,20 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from pgcarve_api.host_check import HostHeaderCheck
 from pgcarve_api.listener import Listener, server_names
 from pgcarve_api.metrics import build_registry
-from pgcarve_api.routes import ca, dashboard, health, hosts, incidents, instances, metrics, plan, scale, tps, waits
+from pgcarve_api.routes import (
+    ca,
+    credentials,
+    dashboard,
+    health,
+    hosts,
+    incidents,
+    instances,
+    metrics,
+    plan,
+    scale,
+    tps,
+    waits,
+)
 from pgcarve_api.routes.dashboard import STATIC_DIR
 from pgcarve_api.security import load_or_create_token
 from pgcarve_api.settings import Settings, get_settings
@@ -156,7 +169,8 @@ def create_app(settings: Settings | None = None, service: ManagerService | None 
         response.headers.setdefault("X-Frame-Options", "DENY")
         return response
 
-    for module in (health, hosts, instances, waits, incidents, scale, plan, tps, metrics, ca, dashboard):
+    for module in (health, hosts, instances, waits, credentials, incidents, scale, plan, tps, metrics, ca,
+                   dashboard):
         app.include_router(module.router)
     STATIC_DIR.mkdir(exist_ok=True)
     app.mount("/static", StaticFiles(directory=STATIC_DIR), name="static")

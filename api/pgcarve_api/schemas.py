@@ -35,16 +35,48 @@ class StandbyOut(BaseModel):
     replay_lag_bytes: int | None
 
 
+class EndpointsOut(BaseModel):
+    """Where an application connects: libpq multi-host URIs over all of the instance's guests, for
+    its application role and database, without the password (GET /v1/instances/{name}/credentials).
+    They stay the same for the instance's whole life: libpq asks each host in turn and keeps the
+    first that suits, so after a failover the same string reaches the new primary. The server's
+    certificate is verified with the fleet CA (`sslmode=verify-ca`); `sslrootcert` names the CA
+    file on the API's machine: elsewhere, save `GET /v1/ca.pem` and point `sslrootcert` at it."""
+
+    rw: str = Field(description="the primary: target_session_attrs=read-write")
+    ro: str = Field(description="a standby if one answers, else the primary: target_session_attrs=prefer-standby")
+
+
 class InstanceOut(BaseModel):
     name: str
     host: str | None
     state: str
     vcpus: list[int] = Field(description="host CPU ids the instance's vCPUs are pinned to")
     memory_mib: int
-    dsn: str | None = Field(description="postgresql:// URI without the password")
+    dsn: str | None = Field(description="the admin role's postgresql:// URI for the current primary, without the "
+                            "password (kept for compatibility: applications use `endpoints`)")
+    endpoints: EndpointsOut | None = Field(None, description="the application's URIs (null while no guest of the "
+                                           "instance can be listed yet)")
     writes: str = Field("unknown", description="whether commits are accepted now, and if not, why")
     incident: str | None = Field(None, description="the latest fault not recovered yet, if any")
     standbys: list[StandbyOut]
+    retired_at: float | None = Field(None, description="retired instances: when (unix time); their disks are kept")
+    disk_mib: int | None = Field(None, description="retired instances: space their kept disks take")
+
+
+class PurgeOut(BaseModel):
+    name: str
+    purged_mib: int = Field(description="disk space freed")
+    volumes: list[str] = Field(description="the guests whose disks were deleted, and where")
+
+
+class CredentialsOut(BaseModel):
+    """An instance's application login: a role that is not a superuser and cannot replicate,
+    owning its own database. Each instance has its own password."""
+
+    user: str
+    password: str
+    database: str
 
 
 class IncidentOut(BaseModel):
@@ -69,6 +101,25 @@ class ScaleIn(BaseModel):
     instances: int = Field(ge=0, le=100000, strict=True, description="the number of instances wanted")
 
 
+class FailoverIn(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    to: str | None = Field(None, pattern=r"^[a-z][a-z0-9-]{0,62}$", description="the standby to promote")
+    force: bool = Field(False, description="promote `to` even if it cannot be proven to hold every acknowledged "
+                                           "commit (the result says what may be missing)")
+
+
+class SwitchoverIn(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    to: str | None = Field(None, pattern=r"^[a-z][a-z0-9-]{0,62}$",
+                           description="the standby to hand the primary's role to (default: the synchronous one)")
+
+
+class OperationAccepted(BaseModel):
+    operation: str
+    status: Literal["pending", "running", "succeeded", "failed"]
+    kind: str
+
+
 class ScaleAccepted(BaseModel):
     operation: str
     status: Literal["pending", "running", "succeeded", "failed"]
@@ -87,6 +138,10 @@ class OperationOut(BaseModel):
     started_at: float | None
     finished_at: float | None
     steps: dict[str, dict[str, object]]
+    params: dict[str, object] = Field(default_factory=dict, description="failover/switchover: instance, to, force")
+    result: dict[str, object] = Field(default_factory=dict,
+                                      description="what it did: new_primary, host; failover: proven, may_be_missing; "
+                                                  "switchover: write_pause_s")
 
 
 class SlotOut(BaseModel):

@@ -48,6 +48,10 @@ class Replication(BaseModel):
     sync_mode: Literal["FIRST", "ANY"] = "FIRST"
     sync_count: int = Field(1, ge=1, le=4, description="standbys that must confirm each commit")
     synchronous_commit: Literal["off", "local", "remote_write", "on", "remote_apply"] = "remote_write"
+    retire_catch_up_s: int = Field(
+        120, ge=5, le=3600,
+        description="scale-down: how long a synchronous standby may take to replay everything once writes are "
+                    "fenced; after that the instance is not retired and accepts writes again")
 
     @model_validator(mode="after")
     def _count_fits(self) -> Replication:
@@ -57,15 +61,26 @@ class Replication(BaseModel):
 
 
 class RecoveryPolicy(BaseModel):
-    """What the manager does when libvirt reports a guest stopped that nobody asked to stop."""
+    """What the manager does about faults: a guest stopped that nobody asked to stop, a host lost."""
 
     model_config = ConfigDict(extra="forbid")
     primary: Literal["restart", "failover"] = Field(
         "restart",
-        description="restart: start the primary again from its disk (standbys reattach); "
-                    "failover: promote the most advanced standby, move the DSN, build a new standby",
+        description="a primary stopped on a host that answers: restart it from its disk (standbys reattach), "
+                    "or fail over to a standby; a primary whose host is lost always fails over",
     )
     enabled: bool = Field(True, description="false: report faults but leave guests as they are")
+    host_timeout_s: int = Field(
+        30, ge=5, le=3600,
+        description="a host whose libvirtd and guests do not answer this long is lost: its primaries fail over")
+    fence_after_s: int = Field(
+        30, ge=5, le=3600,
+        description="a primary with no synchronous standby and no word from the manager this long stops accepting "
+                    "writes (its guest's watchdog), so it cannot serve clients after a failover elsewhere")
+    sync_switch_after_s: int = Field(
+        5, ge=1, le=600,
+        description="a synchronous standby not streaming this long is replaced by a streaming one (commits wait "
+                    "meanwhile: never acknowledged without a synchronous standby)")
 
 
 class HostConfig(BaseModel):

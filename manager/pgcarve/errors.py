@@ -39,6 +39,10 @@ class Conflict(PgcarveError):
     """The request conflicts with work in progress (e.g. another scale operation)."""
 
 
+class FailoverRefused(PgcarveError):
+    """No standby can be proven to hold every acknowledged commit: nothing was promoted."""
+
+
 class GuestNotReady(PgcarveError):
     """A guest did not reach the expected state (booted, accepting SQL) in time."""
 

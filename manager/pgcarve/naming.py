@@ -13,6 +13,24 @@ def standby_name(fleet: str, index: int, standby: int) -> str:
     return f"{instance_name(fleet, index)}-s{standby}"
 
 
+def disk_volume(guest: str) -> str:
+    """A guest's disk: a qcow2 overlay of the guest image in its host's storage pool."""
+    return f"{guest}.qcow2"
+
+
+def seed_volume(guest: str) -> str:
+    """A guest's NoCloud seed (an ISO the guest reads at boot)."""
+    return f"{guest}-seed.iso"
+
+
+def volume_owner(volume: str) -> str | None:
+    """The guest whose disk or seed this volume is (None for any other volume)."""
+    for suffix in (".qcow2", "-seed.iso"):
+        if volume.endswith(suffix):
+            return volume.removesuffix(suffix)
+    return None
+
+
 def application_name(guest_name: str) -> str:
     """The name a standby reports to its primary (an identifier usable in synchronous_standby_names)."""
     return guest_name.replace("-", "_")

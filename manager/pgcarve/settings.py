@@ -33,6 +33,11 @@ class Paths:
         return self.state_dir / "secrets.json"
 
     @property
+    def instance_secrets_dir(self) -> Path:
+        """Each instance's own passwords, one 0600 file per instance (pgcarve.guest.credentials)."""
+        return self.state_dir / "instances"
+
+    @property
     def token_file(self) -> Path:
         return self.state_dir / "api-token"
 

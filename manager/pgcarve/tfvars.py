@@ -74,7 +74,7 @@ def tfvars_document(fleet: Fleet, host: str, instances: int) -> dict[str, Any]:
             "vcpu_pins": list(spec.vcpu_pins),
         }
         # Terraform creates no standbys, so the primary waits for none.
-        seed = provisioner.primary_seed(name, [])
+        seed = provisioner.primary_seed(name, None)
         # A stable instance-id: the seed is only read on a guest's first boot anyway.
         seeds[name] = {"meta_data": seed.meta_data(f"{name}-terraform"), "user_data": seed.user_data()}
     return {

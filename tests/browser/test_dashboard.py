@@ -162,11 +162,17 @@ def test_formatting_and_standbys(browser, live_api):
     docs[1]["standbys"] = [
         {"name": "pgc-02-s1", "host": "h3", "state": "not streaming", "sync_state": None, "replay_lag_bytes": None},
     ]
+    retired_words = ("none: retired since 2026-11-24 03:10 UTC; its disks are kept (5120 MiB): scaling up brings it "
+                     "back, `pgcarve purge pgc-07` deletes it")
+    docs.append({"name": "pgc-07", "host": "h1", "state": "retired", "writes": retired_words, "incident": None,
+                 "vcpus": [], "memory_mib": 0, "dsn": None, "retired_at": 1795489800.0, "disk_mib": 5120,
+                 "standbys": [{"name": "pgc-07-s1", "host": "h2", "state": "retired", "sync_state": None,
+                               "replay_lag_bytes": None}]})
     context = browser.new_context(viewport={"width": 1366, "height": 768})
     page = context.new_page()
     page.set_default_timeout(10_000)
     try:
-        page.route("**/v1/instances", lambda route: route.fulfill(json=docs))
+        page.route("**/v1/instances?include=retired", lambda route: route.fulfill(json=docs))
         page.goto(live_api.base_url + "/")
         page.wait_for_function("() => window.pgcarveDashboard")
         formatted = page.evaluate("""() => {
@@ -194,6 +200,12 @@ def test_formatting_and_standbys(browser, live_api):
         expect(second.get_by_test_id("standby")).to_contain_text("not streaming")
         expect(second.get_by_test_id("standby")).to_contain_text("lag —")
         expect(second.get_by_test_id("cell-tps")).to_have_text(re.compile(r"^\d+(\.\d)?K$"))
+        # A retired instance is listed, says what it keeps and how to bring it back, and counts for nothing.
+        retired = page.locator('[data-testid="instance-row"][data-instance="pgc-07"]')
+        expect(retired).to_contain_text("retired")
+        expect(retired.locator(".badge.retired").first).to_have_attribute("title", retired_words)
+        expect(retired.get_by_test_id("standby")).to_contain_text("pgc-07-s1")
+        expect(page.get_by_test_id("instance-count")).to_have_text(str(len(docs) - 1))
         OUTPUT.mkdir(parents=True, exist_ok=True)
         page.screenshot(path=str(OUTPUT / "dashboard-standbys.png"), full_page=True)
     finally:

@@ -23,6 +23,8 @@ import pytest
 from pgcarve.config import FleetConfig
 from pgcarve.control.fleet import Fleet
 from pgcarve.control.removal import remove_instance
+from pgcarve.control.retired import retired_instances
+from pgcarve.control.retirement import purge
 from pgcarve.processes import stop_pid
 from pgcarve.sandbox.hosts import Sandbox
 from pgcarve.settings import Paths
@@ -33,7 +35,8 @@ IT_STATE = Path(os.environ.get("PGCARVE_IT_STATE", "/var/tmp/pgcarve-it"))
 TOKEN = "integration-test-token-" + "x" * 16
 
 
-def start_server(port: int, hosts_file: Path | None = None) -> subprocess.Popen[bytes]:
+def start_server(port: int, hosts_file: Path | None = None,
+                 extra_env: dict[str, str] | None = None) -> subprocess.Popen[bytes]:
     """`pgcarve serve` as a subprocess of its own session, logging to server.log; returns once
     /healthz answers."""
     env_vars = dict(os.environ, PGCARVE_STATE_DIR=str(IT_STATE), PGCARVE_IMAGE_DIR=str(image_dir()),
@@ -42,6 +45,7 @@ def start_server(port: int, hosts_file: Path | None = None) -> subprocess.Popen[
     env_vars.setdefault("PGCARVE_BOOT_TIMEOUT", "1200")
     if hosts_file is not None:
         env_vars["PGCARVE_HOSTS_FILE"] = str(hosts_file)
+    env_vars.update(extra_env or {})
     with (IT_STATE / "server.log").open("ab") as log:
         server = subprocess.Popen([sys.executable, "-m", "pgcarve.cli", "serve", "--port", str(port)],
                                   env=env_vars, stdout=log, stderr=log, start_new_session=True)
@@ -76,15 +80,17 @@ class CarveEnv:
     def port(self) -> int:
         return int(self.url.rsplit(":", 1)[1])
 
-    def restart_server(self, kill: bool = False, hosts_file: Path | None = None) -> None:
-        """Stop the API server (SIGKILL if `kill`, else SIGTERM and wait) and start it again."""
+    def restart_server(self, kill: bool = False, hosts_file: Path | None = None,
+                       extra_env: dict[str, str] | None = None) -> None:
+        """Stop the API server (SIGKILL if `kill`, else SIGTERM and wait; nothing if it exited)
+        and start it again, with `hosts_file` and `extra_env` if given."""
         if self.server.poll() is None:
             if kill:
                 os.kill(self.server.pid, 9)
                 self.server.wait(timeout=30)
             else:
                 stop_pid(self.server.pid, timeout_s=30)
-        self.server = start_server(self.port, hosts_file)
+        self.server = start_server(self.port, hosts_file, extra_env)
 
     def teardown(self) -> list[str]:
         """Stop the server, remove every guest, stop the sandbox; what is left (should be [])."""
@@ -94,6 +100,8 @@ class CarveEnv:
             fleet = Fleet(self.config, self.paths)
             for inst in fleet.observe(with_endpoints=False):
                 remove_instance(fleet, inst)
+            for retired in retired_instances(fleet):
+                purge(fleet, retired.name)
             fleet.close()
         self.sandbox.down()
         return self.sandbox.leftovers()

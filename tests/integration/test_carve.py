@@ -1,11 +1,14 @@
-"""Carving for real, in a 3-host sandbox: scale 0 -> 2 -> 1 over HTTP, pinning read back through
-libvirt, SQL in every primary, synchronous standbys on other hosts, committed rows on the
-standby, rows kept across scale-down, the API's aggregate TPS against pgbench's, and a teardown
-that leaves nothing behind. Tests run in file order and share the booted guests."""
+"""Carving for real, in a 3-host sandbox: scale 0 -> 2 -> 1 -> 2 over HTTP, pinning read back
+through libvirt, SQL in every primary, synchronous standbys on other hosts, committed rows on the
+standby, the API's aggregate TPS against pgbench's, a scale-down that cannot catch up and lifts
+its fence, and scale-down retiring an instance and scale-up bringing the same database back.
+test_connect.py uses the two instances left here, then purges one. Tests run in file order and
+share the booted guests."""
 
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 import threading
@@ -13,13 +16,15 @@ from typing import Any
 
 import psycopg
 import pytest
+import yaml
 from pgcarve.control.fleet import Fleet, Guest
 from pgcarve.control.removal import leftovers
 from pgcarve.postgres.pgbench import run_pgbench, setup_transactions
 from pgcarve.postgres.session import CLIENT_DATABASE
+from pgcarve.sandbox.forward import ForwardRegistry
 from pgcarve.virt.host import LibvirtHost
 
-from tests.integration.conftest import CarveEnv, wait_for, wait_operation
+from tests.integration.conftest import IT_STATE, CarveEnv, wait_for, wait_operation
 
 pytestmark = pytest.mark.integration
 
@@ -113,8 +118,6 @@ def test_sql_in_each_primary_and_rows_on_standbys(carve_env: CarveEnv) -> None:
 
 def test_cli_status_shows_pinned_guests(carve_env: CarveEnv) -> None:
     env = {"PGCARVE_STATE_DIR": str(carve_env.paths.state_dir)}
-    import os
-
     proc = subprocess.run([sys.executable, "-m", "pgcarve.cli", "status", "--json", "--local"],
                           capture_output=True, text=True, env=dict(os.environ, **env), check=True)
     rows = json.loads(proc.stdout)
@@ -142,7 +145,7 @@ def test_api_aggregate_tps_matches_pgbench(carve_env: CarveEnv) -> None:
 
     def load(guest: Guest) -> None:
         results.append(run_pgbench(guest.name, guest.endpoint, fleet.credentials.admin_password, clients, 2,
-                                   seconds))
+                                   seconds, tls=fleet.client_tls))
 
     threads = [threading.Thread(target=load, args=(g,)) for g in primaries]
     for t in threads:
@@ -202,23 +205,101 @@ def test_waits_show_commits_waiting_for_their_standby(carve_env: CarveEnv) -> No
     fleet.close()
 
 
-def test_scale_down_to_one_keeps_committed_rows(carve_env: CarveEnv) -> None:
+def _scale(env: CarveEnv, instances: int, timeout_s: float = 1500) -> dict[str, Any]:
+    with env.client() as client:
+        resp = client.put("/v1/scale", json={"instances": instances})
+        assert resp.status_code == 202, resp.text
+    return wait_operation(env, resp.json()["operation"], timeout_s)
+
+
+def _instance_doc(env: CarveEnv, name: str) -> dict[str, Any]:
+    with env.client() as client:
+        resp = client.get(f"/v1/instances/{name}")
+        assert resp.status_code == 200, resp.text
+        return dict(resp.json())
+
+
+def test_a_scale_down_that_cannot_catch_up_lifts_its_fence(carve_env: CarveEnv) -> None:
+    """pgc-02's standbys stop replaying (pg_wal_replay_pause): retiring it fences its writes, the
+    API says so, then gives up after retire_catch_up_s and the primary accepts writes again."""
+    raw = carve_env.config.model_dump(mode="json")
+    raw["replication"]["retire_catch_up_s"] = 20
+    hosts_file = IT_STATE / "hosts-catch-up.yaml"
+    hosts_file.write_text(yaml.safe_dump(raw))
+    carve_env.restart_server(hosts_file=hosts_file)
     fleet = fleet_of(carve_env)
-    kept = fleet.instance("pgc-01")
-    assert kept.primary is not None
-    with fleet.connect(kept.primary, database=CLIENT_DATABASE) as conn:
-        conn.execute("insert into acked values (1000, 'before scale-down')")
-    with carve_env.client() as client:
-        resp = client.put("/v1/scale", json={"instances": 1})
-        assert resp.status_code == 202
+    inst = fleet.instance("pgc-02")
+    assert inst.primary is not None
+    try:
+        for standby in inst.standbys:
+            with fleet.connect(standby) as conn:
+                conn.execute("select pg_wal_replay_pause()")
+        with fleet.connect(inst.primary, database=CLIENT_DATABASE) as conn:
+            conn.execute("insert into acked values (2000, 'not replayed yet')")  # acknowledged (written)
+        with carve_env.client() as client:
+            resp = client.put("/v1/scale", json={"instances": 1})
+            assert resp.status_code == 202, resp.text
+        fenced = wait_for(lambda: _instance_doc(carve_env, "pgc-02")["writes"].startswith("refused: new writes are "
+                                                                                          "fenced (scale-down"),
+                          "the API to report pgc-02's write fence", 20)
+        print("while fenced:", _instance_doc(carve_env, "pgc-02")["writes"], fenced)
         op = wait_operation(carve_env, resp.json()["operation"], 300)
-        assert op["status"] == "succeeded", op["error"]
+        assert op["status"] == "failed" and "accepts writes again" in str(op["error"]), op
+        with fleet.connect(inst.primary, database=CLIENT_DATABASE) as conn:
+            assert conn.execute("show default_transaction_read_only").fetchone() == ("off",)
+            conn.execute("insert into acked values (2001, 'after the failed scale-down')")
+    finally:
+        for standby in inst.standbys:
+            with fleet.connect(standby) as conn:
+                conn.execute("select pg_wal_replay_resume()")
+        fleet.close()
+    wait_for(lambda: _instance_doc(carve_env, "pgc-02")["writes"] == "accepted", "pgc-02 to accept writes", 60)
+    carve_env.restart_server()
+
+
+def test_scale_down_retires_and_scale_up_brings_the_database_back(carve_env: CarveEnv) -> None:
+    fleet = fleet_of(carve_env)
+    before = {}
+    for name in ("pgc-01", "pgc-02"):
+        primary = fleet.instance(name).primary
+        assert primary is not None
+        with fleet.connect(primary, database=CLIENT_DATABASE) as conn:
+            conn.execute("insert into acked values (1000, 'before scale-down')")
+            before[name] = conn.execute("select system_identifier, (select count(*) from acked) "
+                                        "from pg_control_system()").fetchone()
+    forwards = ForwardRegistry(carve_env.paths.sandbox_dir / "forwards")
+    ports_before = {g: p for g, p in forwards.ports().items() if g.startswith("pgc-02")}
+    assert len(ports_before) == 3, ports_before
+    op = _scale(carve_env, 1, 300)
+    assert op["status"] == "succeeded", op["error"]
+    assert "retired 1 (disks kept)" in str(op["message"]), op
+    with carve_env.client() as client:
         assert [d["name"] for d in client.get("/v1/instances").json()] == ["pgc-01"]
-    assert [g.name for g in fleet.guests() if g.metadata.index == 2] == []
-    assert not [v for v in leftovers(fleet) if "pgc-02" in v], "pgc-02's disks must be gone"
-    kept = fleet.instance("pgc-01")
-    assert kept.primary is not None
-    with fleet.connect(kept.primary, database=CLIENT_DATABASE) as conn:
-        assert conn.execute("select count(*) from acked").fetchone() == (51,)
+        docs = client.get("/v1/instances", params={"include": "retired"}).json()
+    retired = next(d for d in docs if d["name"] == "pgc-02")
+    assert retired["state"] == "retired" and retired["dsn"] is None and retired["disk_mib"] > 0
+    assert sorted(s["host"] for s in retired["standbys"]) == ["h1", "h2"]
+    assert [g.name for g in fleet.guests() if g.metadata.index == 2] == [], "its CPUs are free"
+    kept = [v for v in leftovers(fleet) if v.startswith("volume pgc-02")]
+    assert len(kept) >= 6, f"pgc-02's disks and seeds must be kept: {kept}"
+    primary = fleet.instance("pgc-01").primary
+    assert primary is not None
+    with fleet.connect(primary, database=CLIENT_DATABASE) as conn:
         conn.execute("insert into acked values (1001, 'after scale-down')")  # still writable, sync
+
+    op = _scale(carve_env, 2)
+    assert op["status"] == "succeeded", op["error"]
+    assert "brought back 1 from retirement" in str(op["message"]), op
+    doc = wait_for(lambda: (d := _instance_doc(carve_env, "pgc-02"))["writes"] == "accepted"
+                   and sum(s["state"] == "streaming" for s in d["standbys"]) == 2 and d,
+                   "pgc-02 back with both standbys streaming", 120)
+    assert doc["dsn"] and doc["host"] == "h0"
+    primary = fleet.instance("pgc-02").primary
+    assert primary is not None
+    with fleet.connect(primary, database=CLIENT_DATABASE) as conn:
+        after = conn.execute("select system_identifier, (select count(*) from acked) from pg_control_system()")
+        assert after.fetchone() == before["pgc-02"], "the same database, every row"
+        conn.execute("insert into acked values (1002, 'after coming back')")
     fleet.close()
+    # Its endpoints are the ones applications already have: every guest kept its forward port.
+    assert {g: forwards.port(g) for g in ports_before} == ports_before

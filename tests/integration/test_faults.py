@@ -17,9 +17,7 @@ Runs after test_carve.py, on its instance pgc-01 (primary on h0, standbys s1 on 
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import pytest
 import yaml
@@ -30,107 +28,59 @@ from pgcarve.control.scaler import Scaler
 from pgcarve.errors import CapacityError
 from pgcarve.postgres.session import CLIENT_DATABASE
 from pgcarve.sandbox.faults import SandboxFaults
-from psycopg.conninfo import make_conninfo
 
 from tests.integration.conftest import IT_STATE, TOKEN, CarveEnv, wait_for, wait_operation
-from tests.integration.writer import AckedWriter
+from tests.support.faults import (
+    INSTANCE,
+    api_get,
+    check_nothing_lost,
+    fleet,
+    incidents_for,
+    rw_endpoint,
+    wait_recovered,
+    wait_watching,
+    wait_whole,
+    writer_for,
+)
 from tests.support.prometheus import prometheus_watching
 
 pytestmark = pytest.mark.integration
+__all__ = ["fleet"]  # the fixture, imported for the tests below
 
-INSTANCE = "pgc-01"
 
 
 @pytest.fixture(scope="module", autouse=True)
 def one_instance(carve_env: CarveEnv) -> None:
     """pgc-01 with its two standbys: left by test_carve.py, or made here when run alone."""
     names = [d["name"] for d in api_get(carve_env, "/v1/instances")]
-    if names != [INSTANCE]:
-        with carve_env.client() as client:
+    with carve_env.client() as client:
+        if names != [INSTANCE]:
             resp = client.put("/v1/scale", json={"instances": 1})
             assert resp.status_code == 202, resp.text
             op = wait_operation(carve_env, resp.json()["operation"], 1200)
             assert op["status"] == "succeeded", op
+        # Tests here create pgc-02 anew: nothing retired may stand in for it.
+        for doc in client.get("/v1/instances", params={"include": "retired"}).json():
+            if doc["state"] == "retired":
+                resp = client.delete(f"/v1/instances/{doc['name']}", params={"confirm": doc["name"]})
+                assert resp.status_code == 200, resp.text
 
 
-@pytest.fixture()
-def fleet(carve_env: CarveEnv) -> Iterator[Fleet]:
-    f = Fleet(carve_env.config, carve_env.paths)
-    yield f
-    f.close()
-
-
-def api_get(env: CarveEnv, path: str) -> Any:
-    with env.client() as client:
-        resp = client.get(path)
-        assert resp.status_code == 200, resp.text
-        return resp.json()
-
-
-def writer_for(env: CarveEnv, fleet: Fleet) -> AckedWriter:
-    """A writer that connects wherever the API says the instance's primary is."""
-    password = fleet.credentials.admin_password
-
-    def dsn() -> str | None:
-        try:
-            doc = api_get(env, f"/v1/instances/{INSTANCE}")
-        except Exception:
-            return None
-        return make_conninfo(doc["dsn"], password=password) if doc.get("dsn") else None
-
-    return AckedWriter(dsn)
-
-
-def check_nothing_lost(fleet: Fleet, writer: AckedWriter) -> None:
-    inst = fleet.instance(INSTANCE)
-    assert inst.primary is not None
-    with fleet.connect(inst.primary, database=CLIENT_DATABASE) as conn:
-        missing = writer.missing(conn)
-    print(f"writer {writer.writer_id}: {len(writer.acked)} commits acknowledged, {len(missing)} missing, "
-          f"{len(writer.errors)} failed attempts")
-    assert len(writer.acked) > 0
-    assert missing == [], f"acknowledged commits lost: {missing[:20]}"
-
-
-def incidents_for(env: CarveEnv, guest: str, since: float) -> list[dict[str, Any]]:
-    return [i for i in api_get(env, "/v1/incidents") if i["guest"] == guest and i["detected_at"] >= since - 1]
-
-
-def wait_recovered(env: CarveEnv, guest: str, since: float, timeout_s: float = 600) -> dict[str, Any]:
-    def done() -> dict[str, Any] | None:
-        found = incidents_for(env, guest, since)
-        return next((i for i in found if i["status"] == "recovered"), None)
-
-    return wait_for(done, f"recovery of {guest}", timeout_s)
-
-
-def wait_whole(env: CarveEnv, timeout_s: float = 600) -> dict[str, Any]:
-    """Until the instance's primary accepts writes and both standbys stream."""
-    def whole() -> dict[str, Any] | None:
-        doc = api_get(env, f"/v1/instances/{INSTANCE}")
-        streaming = [s for s in doc["standbys"] if s["state"] == "streaming"]
-        return doc if doc["writes"] == "accepted" and len(streaming) == 2 else None
-
-    return wait_for(whole, f"{INSTANCE} whole again (writes accepted, 2 standbys streaming)", timeout_s)
-
-
-def wait_watching(env: CarveEnv) -> None:
-    wait_for(lambda: all(h["watching_events"] for h in api_get(env, "/v1/hosts")),
-             "the manager to watch every host's lifecycle events", 60)
-
-
-def sync_standby(fleet: Fleet) -> str:
+def sync_standby(fleet: Fleet) -> str | None:
+    """The guest name of the primary's synchronous standby; None while it has none (between a
+    standby's death and the next one being named)."""
     inst = fleet.instance(INSTANCE)
     assert inst.primary is not None
     with fleet.connect(inst.primary) as conn:
         rows = conn.execute("select application_name from pg_stat_replication where sync_state = 'sync'").fetchall()
-    assert len(rows) == 1, rows
-    return str(rows[0][0]).replace("_", "-")
+    assert len(rows) <= 1, rows
+    return str(rows[0][0]).replace("_", "-") if rows else None
 
 
 def test_guest_postgres_security(carve_env: CarveEnv, fleet: Fleet) -> None:
-    """SCRAM only, a replication role that is nothing else, pg_hba limited to the instance networks,
-    and the API token nowhere in the server's log."""
+    """SCRAM only over TLS only, a replication role that is nothing else, pg_hba limited to the
+    instance networks (replication: to the instance's own guests), and the API token nowhere in
+    the server's log."""
     inst = fleet.instance(INSTANCE)
     for guest in (inst.primary, *inst.standbys):
         assert guest is not None
@@ -140,8 +90,14 @@ def test_guest_postgres_security(carve_env: CarveEnv, fleet: Fleet) -> None:
                                  "from pg_hba_file_rules").fetchall()
             host_rules = [r for r in rules if r[0] != "local"]
             assert host_rules and {r[5] for r in host_rules} == {"scram-sha-256"}, rules
+            assert {r[0] for r in host_rules} == {"hostssl"}, rules
             allowed = {"127.0.0.1", "10.77.0.0", "10.76.0.0"}
-            assert {r[3] for r in host_rules} <= allowed, rules
+            # The replication role's rules (streaming, and database postgres for pg_rewind) name
+            # the instance's other guests, one address each; every other rule a configured network.
+            assert {r[3] for r in host_rules if r[2] != ["replicator"]} <= allowed, rules
+            others = {g.address for g in (inst.primary, *inst.standbys) if g is not None and g.name != guest.name}
+            assert {r[3] for r in host_rules if r[2] == ["replicator"]} <= others, rules
+            assert all(r[1] in (["replication"], ["postgres"]) for r in host_rules if r[2] == ["replicator"]), rules
             assert all(r[2] == ["replicator"] for r in host_rules if r[1] == ["replication"]), rules
             roles = dict(conn.execute("select rolname, rolsuper from pg_roles where rolname in "
                                       "('pgcarve', 'replicator')").fetchall())
@@ -191,6 +147,7 @@ def test_standbys_killed_writes_wait_then_standbys_come_back(carve_env: CarveEnv
     wait_watching(carve_env)
     hosts = {s.name: s.info.host for s in fleet.instance(INSTANCE).standbys}
     first = sync_standby(fleet)
+    assert first is not None, "no synchronous standby before the fault"
     other = next(name for name in hosts if name != first)
     with writer_for(carve_env, fleet) as writer:
         writer.wait_for_acks(50, 120, "writes before the fault")
@@ -276,8 +233,19 @@ def test_disk_full_during_scale_up_leaves_nothing(carve_env: CarveEnv, fleet: Fl
 
 
 def test_manager_killed_mid_scale_and_libvirtd_restarted(carve_env: CarveEnv, fleet: Fleet) -> None:
+    """The manager dies (failpoint: as kill -9 would) while pgc-02 is being created, once its first
+    standby replays; a client then commits a row there (the instance can acknowledge commits,
+    though it was not offered yet). Every libvirtd restarts, then the manager: it keeps pgc-02
+    (never discards an instance that may hold an acknowledged commit), removes only standbys
+    still being built, and the HA loop builds them again; pgc-01's writer loses nothing."""
     log_file = IT_STATE / "server.log"  # appended to by every server start: read only what follows
     log_start = log_file.stat().st_size
+    failpoints = IT_STATE / "failpoints"
+    failpoints.mkdir(exist_ok=True)
+    for marker in failpoints.glob("*"):
+        marker.unlink()
+    carve_env.restart_server(extra_env={"PGCARVE_FAILPOINTS": "provisioning.standby_replaying",
+                                        "PGCARVE_FAILPOINT_DIR": str(failpoints)})
     with writer_for(carve_env, fleet) as writer:
         writer.wait_for_acks(20, 120, "writes before the fault")
         with carve_env.client() as client:
@@ -285,16 +253,29 @@ def test_manager_killed_mid_scale_and_libvirtd_restarted(carve_env: CarveEnv, fl
             assert resp.status_code == 202, resp.text
             op_id = resp.json()["operation"]
 
-        def standbys_being_built() -> bool:
-            steps = api_get(carve_env, f"/v1/operations/{op_id}")["steps"]
-            return any(name.startswith("pgc-02-s") for name in steps)
+        def offered_too_early() -> bool:
+            """Until the manager stops: pgc-02 is never offered (no DSN) while being built."""
+            if carve_env.server.poll() is not None:
+                return True
+            try:
+                docs = api_get(carve_env, "/v1/instances")
+            except Exception:
+                return False
+            for doc in docs:
+                if doc["name"] == "pgc-02":
+                    assert doc["dsn"] is None and doc["state"] == "creating", doc
+            return False
 
-        wait_for(standbys_being_built, "pgc-02's standbys to be started", 600)
-        carve_env.server.kill()  # -9, in the middle of building pgc-02
-        carve_env.server.wait(30)
-        half = [g.name for g in fleet.guests() if g.metadata.index == 2]
-        print("left by the killed manager:", half)
-        assert half and all(g.creating for g in fleet.guests() if g.metadata.index == 2)
+        wait_for(offered_too_early, "the manager to stop at its failpoint while building pgc-02", 1200)
+        assert carve_env.server.wait(30) == 137
+        half = {g.name: g.creating for g in fleet.guests() if g.metadata.index == 2}
+        print("left by the killed manager (name: still marked creating):", half)
+        assert half.get("pgc-02") is False, "the primary loses its mark before any standby exists"
+        primary = fleet.instance("pgc-02").primary
+        assert primary is not None
+        with fleet.connect(primary, database=CLIENT_DATABASE) as conn:
+            conn.execute("create table taken(note text)")
+            conn.execute("insert into taken values ('acknowledged while pgc-02 was being created')")
         for index in range(3):
             SandboxFaults(carve_env.sandbox).restart_libvirtd(f"h{index}")
         carve_env.restart_server()
@@ -303,9 +284,15 @@ def test_manager_killed_mid_scale_and_libvirtd_restarted(carve_env: CarveEnv, fl
         with log_file.open("rb") as f:
             f.seek(log_start)
             log = f.read().decode(errors="replace")
-        assert "half-made instance pgc-02" in log
+        assert "half-made instance pgc-02" not in log, "pgc-02 may hold an acknowledged commit: never discarded"
         assert "instance pgc-01 (" not in log, "the whole instance pgc-01 was taken for half-made"
+        wait_for(lambda: sum(s["state"] == "streaming" for s in api_get(carve_env, "/v1/instances/pgc-02")["standbys"])
+                 == 2, "pgc-02's standbys built again and streaming", 1200)
         writer.wait_for_acks(20, 300, "writes after the manager and libvirtd restarts")
+    primary = fleet.instance("pgc-02").primary
+    assert primary is not None
+    with fleet.connect(primary, database=CLIENT_DATABASE) as conn:
+        assert conn.execute("select count(*) from taken").fetchone() == (1,)
 
     instances = fleet.observe()
     assert [i.name for i in instances] == ["pgc-01", "pgc-02"]
@@ -329,9 +316,11 @@ def test_manager_killed_mid_scale_and_libvirtd_restarted(carve_env: CarveEnv, fl
         resp = client.put("/v1/scale", json={"instances": 1})
         op = wait_operation(carve_env, resp.json()["operation"], 600)
         assert op["status"] == "succeeded", op
+        resp = client.delete("/v1/instances/pgc-02", params={"confirm": "pgc-02"})  # retired: purged
+        assert resp.status_code == 200, resp.text
 
 
-def test_failover_policy_promotes_and_rebuilds(carve_env: CarveEnv, fleet: Fleet) -> None:
+def test_failover_policy_promotes_and_rejoins(carve_env: CarveEnv, fleet: Fleet) -> None:
     raw = carve_env.config.model_dump(mode="json")
     raw["recovery"] = {"primary": "failover", "enabled": True}
     hosts_file = IT_STATE / "hosts-failover.yaml"
@@ -360,7 +349,12 @@ def test_failover_policy_promotes_and_rebuilds(carve_env: CarveEnv, fleet: Fleet
         assert doc["host"] != old_host, doc
         writer.wait_for_acks(50, 300, "writes after the failover")
     check_nothing_lost(fleet, writer)
+    # The writer never asked again: the rw string taken before the fault reached the new primary,
+    # and the API still gives the same one.
+    assert writer.dsn() == rw_endpoint(carve_env)
     inst = fleet.instance(INSTANCE)
     assert inst.primary is not None and inst.primary.name != INSTANCE
     assert sorted(s.info.host for s in inst.standbys) == sorted({"h0", "h1", "h2"} - {inst.primary.info.host})
+    # The killed primary's guest rejoined as a standby rather than being replaced by a new guest.
+    assert INSTANCE in {s.name for s in inst.standbys}, [s.name for s in inst.standbys]
     carve_env.restart_server()  # back to the default hosts file for whatever runs next

@@ -103,6 +103,36 @@ def test_experiment_tables_scripts_and_the_sync_standby(pair: Pair) -> None:
     assert rows == [("probe of test2",), (None,)], "committed on the primary, so already on its sync standby"
 
 
+def test_a_write_fence_says_why_and_lifts(pair: Pair) -> None:
+    """refuse_writes (scale-down, switchover) keeps its reason beside the setting, so the API can
+    report it and the primary watch can lift one an interrupted operation left; allow_writes undoes
+    both, and the collector's poll reports the fence as it holds."""
+    from pgcarve.postgres.statistics import PollRow, poll_statement
+
+    with connect(pair.primary) as conn:
+        assert replication.write_fence(conn) is None
+        replication.refuse_writes(conn, "scale-down")
+    with connect(pair.primary) as conn:  # a new session, as the collector's and clients' are
+        assert replication.write_fence(conn) == "scale-down"
+        with pytest.raises(psycopg.errors.ReadOnlySqlTransaction):
+            pgbench.create_test_table(conn, "fenced")
+        row = conn.execute(poll_statement(None, False), {"since": None, "before": None}).fetchone()
+        assert row is not None and PollRow.parse(row).write_fence == "scale-down"
+        replication.allow_writes(conn)
+    with connect(pair.primary) as conn:
+        assert replication.write_fence(conn) is None
+        row = conn.execute(poll_statement(None, False), {"since": None, "before": None}).fetchone()
+        assert row is not None and PollRow.parse(row).write_fence is None
+        conn.execute("alter system set default_transaction_read_only = on")  # someone else's, no reason
+        conn.execute("select pg_reload_conf()")
+    with connect(pair.primary) as conn:
+        assert replication.write_fence(conn) is None, "only pgcarve's own fence is lifted by pgcarve"
+        row = conn.execute(poll_statement(None, False), {"since": None, "before": None}).fetchone()
+        assert row is not None and PollRow.parse(row).write_fence == "read-only by configuration"
+        conn.execute("alter system reset default_transaction_read_only")
+        conn.execute("select pg_reload_conf()")
+
+
 @pytest.mark.parametrize("table", ["Test", "test;drop", "1test", "x" * 64, ""])
 def test_table_names_are_checked(table: str) -> None:
     with pytest.raises(ConfigError, match="table name"):

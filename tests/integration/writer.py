@@ -1,9 +1,10 @@
 """A writer that remembers every acknowledged commit, for the fault tests.
 
-It inserts numbered rows one transaction at a time, through the DSN the API gives for the
-instance (so it follows a failover), and records a number only after COMMIT returned without
-error. After a fault and recovery, `missing()` lists acknowledged rows the primary does not have:
-it must be empty. The loop is bounded in rows and time.
+It inserts numbered rows one transaction at a time, through the DSN it is given (the fault tests
+give the instance's rw endpoint, which follows a failover), over TLS verified with the fleet CA, and records a number
+only after COMMIT returned without error. After a fault and recovery, `missing()` lists
+acknowledged rows the primary does not have: it must be empty. The loop is bounded in rows and
+time.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ import threading
 import time
 import uuid
 from collections.abc import Callable
+from pathlib import Path
 
 import psycopg
 
@@ -19,9 +21,11 @@ TABLE = "fault_log"
 
 
 class AckedWriter:
-    def __init__(self, dsn: Callable[[], str | None], max_rows: int = 200_000, max_seconds: float = 1800,
-                 pace_s: float = 0.02):
+    def __init__(self, dsn: Callable[[], str | None], *, ca_file: Path, max_rows: int = 200_000,
+                 max_seconds: float = 1800, pace_s: float = 0.02):
+        """`ca_file`: the fleet CA (<state>/tls/ca.pem), which every connection verifies the server with."""
         self.dsn = dsn
+        self.ca_file = ca_file
         self.pace_s = pace_s  # a steady trickle: enough commits to check, little CPU taken from booting guests
         self.writer_id = uuid.uuid4().hex[:8]
         self.max_rows = max_rows
@@ -72,9 +76,10 @@ class AckedWriter:
                 try:
                     dsn = self.dsn()
                     if dsn is None:
-                        raise RuntimeError("the API gives no DSN for the instance yet")
+                        raise RuntimeError("no DSN for the instance yet")
                     conn = psycopg.connect(dsn, connect_timeout=3, autocommit=True,
-                                           application_name=f"fault-writer-{self.writer_id}")
+                                           application_name=f"fault-writer-{self.writer_id}",
+                                           sslmode="verify-ca", sslrootcert=str(self.ca_file))
                     conn.execute(f"create table if not exists {TABLE} (writer text, seq int, "
                                  "at timestamptz default now(), primary key (writer, seq))")
                 except Exception as exc:  # the primary may be down: that is the point

@@ -21,6 +21,7 @@ from typing import Any
 from fastapi import FastAPI
 from pgcarve.config import FleetConfig
 from pgcarve.control.service import ManagerService
+from pgcarve.naming import instance_name
 from pgcarve.settings import Paths
 from pgcarve_api.main import create_app
 from pgcarve_api.settings import Settings
@@ -29,10 +30,12 @@ from starlette.types import Message
 from tests.support.domains import TEST_URI, reset_test_driver
 
 
-def one_host_config(vcpus: int = 1, memory_mib: int = 1024) -> FleetConfig:
-    """One primary host, h1 on test:///default, instances of this size and no standbys."""
+def one_host_config(vcpus: int = 1, memory_mib: int = 1024, sandbox: bool = False) -> FleetConfig:
+    """One primary host, h1 on test:///default, instances of this size and no standbys; reached
+    like a sandbox host (loopback forwards by guest name) if `sandbox`."""
+    reach = {"reach": "sandbox", "netns": "pgc-unit-h0"} if sandbox else {}
     return FleetConfig.model_validate({
-        "hosts": [{"name": "h1", "uri": TEST_URI, "role": "primary"}],
+        "hosts": [{"name": "h1", "uri": TEST_URI, "role": "primary", **reach}],
         "instance": {"vcpus": vcpus, "memory_mib": memory_mib},
         "replication": {"standbys": 0},
     })
@@ -40,13 +43,15 @@ def one_host_config(vcpus: int = 1, memory_mib: int = 1024) -> FleetConfig:
 
 @contextlib.contextmanager
 def service_on_test_driver(state_dir: Path, instances: int = 3, *, vcpus: int = 1, memory_mib: int = 1024,
-                           refresh_s: float = 0.2) -> Iterator[ManagerService]:
+                           refresh_s: float = 0.2, sandbox: bool = False) -> Iterator[ManagerService]:
     """A started ManagerService over instances pgc-01..pgc-<instances> (running, `vcpus` each);
     stopped, and the test driver let go, on the way out."""
     keep_alive = reset_test_driver(range(1, instances + 1), vcpus=vcpus, memory_mib=memory_mib)
     try:
-        service = ManagerService(one_host_config(vcpus, memory_mib), Paths(state_dir), refresh_s=refresh_s,
-                                 collect=False, supervise=False)
+        service = ManagerService(one_host_config(vcpus, memory_mib, sandbox), Paths(state_dir),
+                                 refresh_s=refresh_s, collect=False, supervise=False)
+        for index in range(1, instances + 1):  # their passwords, as if the manager had seeded them
+            service.fleet.secrets.load_or_create(instance_name(service.config.fleet, index))
         service.start()
         try:
             yield service

@@ -8,6 +8,7 @@ as long as the domains should exist.
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Sequence
 
 import libvirt
@@ -74,6 +75,14 @@ def reset_test_driver(instances: Sequence[int] = (), *, vcpus: int = 1, memory_m
     alive: close it when the test is done."""
     conn = libvirt.open(TEST_URI)
     remove_domains(conn, [dom.name() for dom in conn.listAllDomains()])
+    # Volumes too: a retired instance's kept disks (control/retired.py) are found by their names.
+    for pool in conn.listAllStoragePools():
+        if not pool.isActive():
+            continue
+        for volume in pool.listAllVolumes():
+            if volume.name().startswith("pgc-"):
+                with contextlib.suppress(libvirt.libvirtError):
+                    volume.delete(0)
     for index in instances:
         define(conn, index, vcpus=vcpus, memory_mib=memory_mib)
     return conn

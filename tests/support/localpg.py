@@ -14,7 +14,7 @@ import signal
 import socket
 import subprocess
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -94,22 +94,25 @@ class LocalServer:
     datadir: Path
     port: int
     proc: subprocess.Popen[bytes] | None = None
+    client_params: dict[str, str] = field(default_factory=dict)  # e.g. sslmode, sslrootcert
 
     @property
     def dsn(self) -> str:
-        return f"host=127.0.0.1 port={self.port} user=postgres dbname=postgres connect_timeout=5"
+        extra = "".join(f" {key}={value}" for key, value in self.client_params.items())
+        return f"host=127.0.0.1 port={self.port} user=postgres dbname=postgres connect_timeout=5{extra}"
 
     @property
     def log_file(self) -> Path:
         return self.datadir.parent / f"{self.name}.log"
 
-    def start(self, *settings: str) -> None:
-        """Start with BASE_SETTINGS, then `settings` (NAME=VALUE) on top."""
+    def start(self, *settings: str, env: dict[str, str] | None = None) -> None:
+        """Start with BASE_SETTINGS, then `settings` (NAME=VALUE) on top (in environment `env`,
+        e.g. a HOME the postgres user can read, where a standby's libpq looks for client certificates)."""
         args = [str(PG_BIN / "postgres"), "-D", str(self.datadir), "-p", str(self.port)]
         for setting in (*BASE_SETTINGS, *settings):
             args += ["-c", setting]
         with self.log_file.open("ab") as logf:
-            self.proc = subprocess.Popen(args, stdout=logf, stderr=subprocess.STDOUT, **as_postgres())
+            self.proc = subprocess.Popen(args, stdout=logf, stderr=subprocess.STDOUT, env=env, **as_postgres())
 
     def wait_ready(self, timeout_s: float = 30.0) -> None:
         """Until a session can run a query; RuntimeError with the log's tail if the server exits."""

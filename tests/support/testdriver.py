@@ -25,7 +25,6 @@ from typing import Literal
 from pgcarve.config import FleetConfig, HostConfig
 from pgcarve.control.fleet import Fleet, Guest, Progress
 from pgcarve.control.provisioning import Readiness
-from pgcarve.planning.topology import HostTopology, parse_capabilities
 from pgcarve.settings import Paths
 from pgcarve.virt.host import LibvirtHost
 from pgcarve.virt.storage import BaseImage, HostStorage
@@ -70,11 +69,11 @@ class TestDriverHost(LibvirtHost):
     def __init__(self, name: str, uri: str, capabilities: str, pool: str = "pgcarve",
                  pool_path: str = "/var/lib/libvirt/pgcarve"):
         super().__init__(name, uri, pool, pool_path)
-        self.capabilities = capabilities
+        self.capabilities_xml = capabilities
         self.storage = TestDriverStorage(self, pool, pool_path)
 
-    def topology(self) -> HostTopology:
-        return parse_capabilities(self.capabilities)
+    def capabilities(self) -> str:
+        return self.capabilities_xml
 
     def domain_xml(self, name: str) -> str:
         """The domain's XML as libvirt keeps it (its pins, where vcpuPinInfo cannot show them)."""

@@ -89,6 +89,7 @@ def test_scale_down_removes_highest_numbered(api: tuple[TestClient, ManagerServi
     op = client.get(f"/v1/operations/{op_id}").json()
     assert op["status"] == "succeeded", op
     assert op["progress"] == 1.0
+    assert op["message"] == "created 0, brought back 0 from retirement, retired 2 (disks kept)", op
     assert [i["name"] for i in client.get("/v1/instances").json()] == ["pgc-01"]
 
 
@@ -132,8 +133,9 @@ def test_concurrent_scales_are_serialized_and_the_last_wins(api: tuple[TestClien
         if op.started_at is None:
             assert op.status == "failed" and "superseded" in (op.error or ""), op
     # Which way each operation that ran had to end follows from the count before it: a scale-down
-    # (or no change) succeeds; a scale-up fails, as nothing can be created without a guest image,
-    # and removes nothing.
+    # (or no change) succeeds; a scale-up fails, as nothing can be created without a guest image
+    # (nor brought back from retirement: the test driver's guests have no disks to keep), and
+    # removes nothing.
     count = 3
     for op in ran:
         assert_scale_outcome(op, count)
@@ -145,7 +147,8 @@ def assert_scale_outcome(op: Operation, before: int) -> None:
     if op.target <= before:
         assert op.status == "succeeded", op
     else:
-        assert op.status == "failed" and "no guest image" in (op.error or ""), op
+        assert op.status == "failed", op
+        assert "no guest image" in (op.error or "") or "kept disks" in (op.error or ""), op
 
 
 def test_plan_scale() -> None:
@@ -154,7 +157,10 @@ def test_plan_scale() -> None:
             self.index = index
 
     plan = plan_scale([Inst(1), Inst(2), Inst(5)], 3)  # type: ignore[list-item]
-    assert plan.create == (3,) and plan.remove == (5,)
+    assert plan.create == (3,) and plan.retire == (5,) and plan.revive == ()
+    # Retired instances come back in their own slots; only slots with nothing retired are new.
+    plan = plan_scale([Inst(1)], 4, retired=(3, 5))  # type: ignore[list-item]
+    assert plan.revive == (3,) and plan.create == (2, 4) and plan.retire == ()
     assert plan_scale([], 0).create == ()
 
 

@@ -21,7 +21,7 @@ API = REPO / "api" / "pgcarve_api"
 
 # Which packages each one may import (besides itself and the shared leaves below).
 LEAVES = {"pgcarve.errors", "pgcarve.naming", "pgcarve.addresses", "pgcarve.settings", "pgcarve.processes",
-          "pgcarve.config"}
+          "pgcarve.config", "pgcarve.failpoints", "pgcarve.filelock"}
 ALLOWED = {
     "pgcarve.planning": set(),
     "pgcarve.virt": {"pgcarve.planning"},

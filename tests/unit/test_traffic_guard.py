@@ -28,3 +28,14 @@ def test_the_collector_path_is_guarded_too() -> None:
         asyncio.run(psycopg.AsyncConnection.connect("host=192.168.122.43 port=5432 connect_timeout=1"))
     with pytest.raises(psycopg.OperationalError):  # loopback is allowed (nothing listens on port 1)
         psycopg.connect(host="127.0.0.1", port=1, connect_timeout=1)
+
+
+def test_a_name_to_verify_is_not_where_libpq_connects() -> None:
+    """With hostaddr, libpq connects to hostaddr and only checks the certificate against host
+    (sslmode=verify-full): hostaddr is what the guard looks at."""
+    with pytest.raises(psycopg.OperationalError):  # loopback: allowed (nothing listens on port 1)
+        psycopg.connect(host="pgc-01", hostaddr="127.0.0.1", port=1, connect_timeout=1)
+    with pytest.raises(OffMachineTraffic):
+        psycopg.connect(host="localhost", hostaddr="10.77.0.5", port=5432, connect_timeout=1)
+    with pytest.raises(OffMachineTraffic):
+        psycopg.connect(host="db1.example.com", port=5432, connect_timeout=1)

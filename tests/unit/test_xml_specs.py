@@ -3,6 +3,7 @@ files, libvirt's own test driver accepting each, and bad values refused before a
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 
 import libvirt
@@ -37,7 +38,9 @@ def test_libvirt_accepts_each() -> None:
     """Defined on libvirt's test driver, so libvirt itself parses and validates them."""
     conn = libvirt.open("test:///default")
     try:
-        pool = conn.storagePoolDefineXML(CASES["pool"].to_xml(), 0)
+        # Names (and a pool path) of their own: test:///default is shared by every test here.
+        pool = conn.storagePoolDefineXML(
+            replace(CASES["pool"], name="spec-check-pool", path="/spec-check/pool").to_xml(), 0)
         try:
             pool.create(0)
             upload = pool.createXML(CASES["volume-upload"].to_xml(), 0)
@@ -47,10 +50,11 @@ def test_libvirt_accepts_each() -> None:
         finally:
             pool.destroy()
             pool.undefine()
-        net = conn.networkDefineXML(CASES["network"].to_xml())
-        assert net.name() == "pgcarve" and "10.77.1.250" in net.XMLDesc(0)
+        net = conn.networkDefineXML(replace(CASES["network"], name="spec-check-net", bridge="speccheck0").to_xml())
+        assert net.name() == "spec-check-net" and "10.77.1.250" in net.XMLDesc(0)
         net.undefine()
-        probe = conn.createXML(CASES["probe-domain"].to_xml().replace("type=\"kvm\"", "type=\"test\""), 0)
+        probe_spec = replace(CASES["probe-domain"], name="spec-check-probe")
+        probe = conn.createXML(probe_spec.to_xml().replace("type=\"kvm\"", "type=\"test\""), 0)
         assert probe.isActive()
         probe.destroy()
     finally:

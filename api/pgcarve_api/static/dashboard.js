@@ -4,6 +4,8 @@
  * rates, instance count, running operations); /v1/instances every 2 s for placement and
  * replication; /v1/incidents every 2 s; /v1/operations/{id} for operations this page follows
  * until they finish.
+ * Actions: scale (PUT /v1/scale) and a planned switchover per instance
+ * (POST /v1/instances/{name}/switchover); both are followed in the operations panel.
  * Chart: uPlot (static/vendor/, built by build-vendor.sh), exposed as window.pgcarveChart.
  * The API token lives in sessionStorage only and is sent as a Bearer header, never in a URL.
  * Every API string is rendered with textContent, never as HTML.
@@ -372,19 +374,20 @@
   // applied when the instances are read again (every 2 s) or a header is clicked, not on every
   // rate update, so rows do not jump under the reader each second.
 
-  const rows = new Map();   // name -> {tr, cells, canvas, stateKey, standbysKey, filterText}
+  const rows = new Map();   // name -> {tr, cells, canvas, button, stateKey, standbysKey, actionKey, filterText}
   const table = { sortKey: "name", sortDir: 1, filter: "", order: [] };
   const NUMERIC_SORTS = new Set(["tps", "qps", "lag", "cpus"]);
 
   async function loadInstances() {
     const error = $("instances-error");
     try {
-      const r = await api("/v1/instances");
+      const r = await api("/v1/instances?include=retired");
       if (!r.ok) throw new Error(r.status === 401 ? "reads need the API token (use “set token”)"
         : detailText(r.data, r.status));
       state.instances = Array.isArray(r.data) ? r.data : [];
       error.hidden = true;
-      if (!Number.isInteger(state.count) || state.polling) setCount(state.instances.length);
+      const live = state.instances.filter((i) => i.state !== "retired").length;
+      if (!Number.isInteger(state.count) || state.polling) setCount(live);
       renderInstances();
     } catch (err) {
       error.textContent = `Could not read the instances: ${err.message}`;
@@ -395,7 +398,17 @@
   // The guest's state, plus what an operator must know now: commits waiting, a fault being repaired.
   function stateCell(inst) {
     const wrap = el("span", { class: "state" });
-    wrap.append(badge(inst.state, inst.state === "running" ? "ok" : "bad"));
+    const b = badge(inst.state, inst.state === "running" ? "ok" : (inst.state === "retired" ? "retired" : "bad"));
+    // Retired: its disks are kept; the words say since when, how much, and how to bring it back or purge it.
+    if (inst.state === "retired" || inst.writes.startsWith("refused") || inst.writes.startsWith("not offered")) {
+      b.title = inst.writes;
+    }
+    wrap.append(b);
+    if (inst.writes && inst.writes.startsWith("refused")) {
+      const f = badge("writes fenced", "pending");
+      f.title = inst.writes;
+      wrap.append(" ", f);
+    }
     if (inst.writes && inst.writes.startsWith("waiting")) {
       const b = badge("writes waiting", "bad");
       b.title = inst.writes;
@@ -411,6 +424,7 @@
 
   /** Problems first when sorted ascending: not running, writes waiting, being repaired, fine. */
   function stateRank(inst) {
+    if (inst.state === "retired") return 4;
     if (inst.state !== "running") return 0;
     if (inst.writes && inst.writes.startsWith("waiting")) return 1;
     if (inst.incident) return 2;
@@ -423,7 +437,8 @@
     for (const sb of standbys) {
       wrap.append(el("div", { class: "standby", "data-testid": "standby", "data-standby": sb.name },
         el("span", { class: "sb-name", text: sb.name }),
-        badge(sb.state || "unknown", sb.state === "streaming" ? "streaming" : (sb.state ? "pending" : "bad")),
+        badge(sb.state || "unknown", sb.state === "streaming" ? "streaming"
+          : (sb.state === "retired" ? "retired" : (sb.state ? "pending" : "bad"))),
         sb.sync_state ? badge(sb.sync_state) : null,
         el("span", { class: "sb-lag", text: `lag ${humanBytes(sb.replay_lag_bytes)}` })));
     }
@@ -447,6 +462,7 @@
       name: td("cell-name", "name"), host: td("cell-host"), state: td("cell-state"), cpus: td("cell-cpus"),
       memory: td("cell-memory"), tps: td("cell-tps", "num"), spark: td("cell-spark", "spark"),
       qps: td("cell-qps", "num"), standbys: td("cell-standbys"), lag: td("cell-lag", "num"),
+      action: td("cell-action", "action"),
     };
     cells.name.append(el("span"));
     cells.cpus.append(el("code"));
@@ -456,10 +472,16 @@
       role: "img", "aria-label": `${name}: transactions per second, last ${SPARK_POINTS} seconds`,
     });
     cells.spark.append(canvas);
+    // No listener here: the table body's one click handler serves every row (onTableClick).
+    const button = el("button", {
+      type: "button", class: "row-action", "data-action": "switchover", "data-testid": "switchover-button",
+      "aria-label": `Switch over ${name}`,
+    }, "switch over");
+    cells.action.append(button);
     const tr = el("tr", { "data-testid": "instance-row", "data-instance": name },
       cells.name, cells.host, cells.state, cells.cpus, cells.memory, cells.tps, cells.spark, cells.qps,
-      cells.standbys, cells.lag);
-    return { tr, cells, canvas, standbysKey: null, stateKey: null, filterText: "" };
+      cells.standbys, cells.lag, cells.action);
+    return { tr, cells, canvas, button, standbysKey: null, stateKey: null, actionKey: null, filterText: "" };
   }
 
   /** Placement, state and standbys: from /v1/instances (every 2 s). */
@@ -467,7 +489,8 @@
     const c = row.cells;
     const cpus = inst.vcpus || [];
     setText(c.name.firstChild, inst.name);
-    c.name.firstChild.title = inst.dsn || "";
+    // The application's URI (follows failover); the admin DSN for an instance without endpoints yet.
+    c.name.firstChild.title = (inst.endpoints && inst.endpoints.rw) || inst.dsn || "";
     setText(c.host, inst.host || "—");
     const stateKey = `${inst.state}|${inst.writes}|${inst.incident}`;
     if (row.stateKey !== stateKey) { row.stateKey = stateKey; c.state.replaceChildren(stateCell(inst)); }
@@ -547,12 +570,14 @@
   function renderInstances() {
     const started = performance.now();
     const seen = new Set();
+    const busy = busyInstances();
     for (const inst of state.instances) {
       seen.add(inst.name);
       let row = rows.get(inst.name);
       if (!row) { row = makeRow(inst.name); rows.set(inst.name, row); }
       updateRow(row, inst);
       updateRates(row, inst);
+      updateAction(row, inst, busy);
     }
     for (const [name, row] of rows) {
       if (!seen.has(name)) { row.tr.remove(); rows.delete(name); sparks.delete(name); }
@@ -578,6 +603,149 @@
     if (table.sortKey === key) table.sortDir = -table.sortDir;
     else { table.sortKey = key; table.sortDir = NUMERIC_SORTS.has(key) ? -1 : 1; }
     applyView();
+  }
+
+  // -- switchover, per instance ------------------------------------------------------------
+  //
+  // A button per row, served by one click handler on the table body. A button that cannot act is
+  // aria-disabled rather than disabled, so it stays focusable and its title (the reason) can be
+  // reached from the keyboard; clicking it only repeats the reason. The request goes out with the
+  // token the scale control keeps, and the operation is followed like a scale's (refreshOp).
+
+  // The states a standby's `state` carries when its guest is not running (libvirt's, as
+  // manager/pgcarve/virt/host.py names them); any other state is a running guest.
+  const GUEST_DOWN = new Set(["paused", "shutting-down", "shut-off", "crashed", "suspended", "unknown"]);
+  const requesting = new Set();  // instances whose switchover request has not been answered yet
+
+  const runningStandbys = (inst) => (inst.standbys || []).filter((sb) => sb.state && !GUEST_DOWN.has(sb.state));
+
+  /** Instances an operation is working on now (or a request of this page is on its way for). */
+  function busyInstances() {
+    const busy = new Set(requesting);
+    for (const op of state.ops.values()) if (isActive(op) && op.params && op.params.instance) busy.add(op.params.instance);
+    return busy;
+  }
+
+  /** Why `inst` cannot be switched over now, or null when it can. */
+  function switchoverBlocked(inst, busy) {
+    if (inst.state === "retired") return `${inst.name} is retired (its disks are kept): scale up to bring it back`;
+    if (inst.state !== "running") {
+      return `${inst.name}'s primary is not running (${inst.state}): there is nothing to switch over from`;
+    }
+    if (!runningStandbys(inst).length) return `${inst.name} has no running standby to switch over to`;
+    if (busy.has(inst.name)) return `an operation on ${inst.name} is under way`;
+    return null;
+  }
+
+  function updateAction(row, inst, busy) {
+    const reason = switchoverBlocked(inst, busy);
+    const key = reason || "";
+    if (row.actionKey === key) return;  // touch the DOM only when it changes
+    row.actionKey = key;
+    row.button.setAttribute("aria-disabled", reason ? "true" : "false");
+    row.button.title = reason
+      || `Hand ${inst.name}'s primary role to a standby: writes pause for a few seconds, nothing is lost`;
+  }
+
+  /** Between two reads of the instances: an operation started or ended. */
+  function refreshActions() {
+    const busy = busyInstances();
+    for (const inst of state.instances) {
+      const row = rows.get(inst.name);
+      if (row) updateAction(row, inst, busy);
+    }
+  }
+
+  function showSwitchoverMessage(kind, text) {
+    const node = $("switchover-message");
+    node.className = `action-msg ${kind}`;
+    node.textContent = text;
+  }
+
+  function standbyLabel(sb) {
+    const how = [sb.sync_state, sb.state].filter(Boolean).join(", ");
+    return `${sb.name} on ${sb.host}${how ? ` (${how})` : ""}`;
+  }
+
+  /** Confirm in plain words, with a choice of standby; resolves to {to} (null: the synchronous
+   * standby, as the API decides) or null when cancelled. */
+  function confirmSwitchover(inst) {
+    const dialog = $("switchover-dialog");
+    const select = $("switchover-target");
+    const standbys = runningStandbys(inst);
+    select.replaceChildren(el("option", { value: "", text: "the synchronous standby" }),
+      ...standbys.map((sb) => el("option", { value: sb.name, text: standbyLabel(sb) })));
+    const ask = () => {
+      const chosen = standbys.find((sb) => sb.name === select.value);
+      $("switchover-question").textContent = chosen
+        ? `Switch ${inst.name}'s primary to ${chosen.name} on ${chosen.host}? Writes pause for a few seconds; nothing is lost.`
+        : `Switch ${inst.name}'s primary to its synchronous standby? Writes pause for a few seconds; nothing is lost.`;
+    };
+    select.onchange = ask;  // a property, not a listener: each dialog replaces the last one's
+    ask();
+    $("switchover-title").textContent = `Switch over ${inst.name}`;
+    return new Promise((resolve) => {
+      dialog.returnValue = "";
+      dialog.addEventListener("close", () => {
+        resolve(dialog.returnValue === "ok" ? { to: select.value || null } : null);
+      }, { once: true });
+      dialog.showModal();
+    });
+  }
+
+  async function switchOver(inst) {
+    const choice = await confirmSwitchover(inst);
+    if (!choice) return;
+    let token = getToken();
+    if (!token) {
+      token = await askToken();
+      if (!token) { showSwitchoverMessage("", `${inst.name} not switched over: no API token given.`); return; }
+      setToken(token);
+    }
+    const where = choice.to || "its synchronous standby";
+    requesting.add(inst.name);
+    refreshActions();
+    showSwitchoverMessage("", `Asking to switch ${inst.name} over to ${where}…`);
+    try {
+      const r = await api(`/v1/instances/${encodeURIComponent(inst.name)}/switchover`, {
+        method: "POST", body: choice.to ? { to: choice.to } : {}, token,
+      });
+      if (r.status === 202 && r.data) {
+        const op = upsertOp({
+          id: r.data.operation, kind: "switchover", status: r.data.status, progress: 0, message: "accepted",
+          created_at: Date.now() / 1000, params: { instance: inst.name, to: choice.to },
+        });
+        opEndHandlers.set(op.id, (done) => {
+          if (done.status === "succeeded") showSwitchoverMessage("info", `${inst.name}: ${opOutcome(done)}`);
+          else showSwitchoverMessage("error", `${inst.name} not switched over: ${done.error || done.message}`);
+        });
+        renderOps();
+        refreshOp(op.id);
+        showSwitchoverMessage("info", `Accepted: switching ${inst.name} over to ${where} (operation ${op.id}).`);
+      } else if (r.status === 401) {
+        clearToken();
+        showSwitchoverMessage("error", "Wrong token: the API refused it (401). Press “switch over” to enter it again.");
+      } else {
+        showSwitchoverMessage("error", `${inst.name} not switched over: ${detailText(r.data, r.status)}`);
+      }
+    } catch (err) {
+      showSwitchoverMessage("error", `Could not reach the API: ${err.message}`);
+    } finally {
+      requesting.delete(inst.name);
+      refreshActions();
+    }
+  }
+
+  /** The table body's one click handler for every row's button. */
+  function onTableClick(event) {
+    const button = event.target.closest('button[data-action="switchover"]');
+    if (!button) return;
+    const name = button.closest("tr").dataset.instance;
+    const inst = state.instances.find((i) => i.name === name);
+    if (!inst) return;
+    const reason = switchoverBlocked(inst, busyInstances());
+    if (reason) { showSwitchoverMessage("error", `Not switched over: ${reason}.`); return; }
+    switchOver(inst);
   }
 
   // -- sparklines --------------------------------------------------------------------------
@@ -717,10 +885,40 @@
 
   const isActive = (op) => op.status === "pending" || op.status === "running";
 
-  /** The stream lists running operations; one that drops out has finished: fetch its result. */
+  /** What an operation does, in the words of the control that started it. */
+  function opTitle(op) {
+    const instance = op.params && op.params.instance;
+    if (op.kind === "scale") return `Scale to ${op.target}`;
+    if (op.kind === "switchover") return `Switch over ${instance || "an instance"}`;
+    if (op.kind) return instance ? `${op.kind}: ${instance}` : op.kind;
+    return "Operation";  // seen on the stream only, until its document is read
+  }
+
+  /** Its message; a switchover that ended says where the primary went and how long writes paused. */
+  function opOutcome(op) {
+    const r = op.result || {};
+    if (op.kind === "switchover" && op.status === "succeeded" && r.new_primary && r.host
+        && Number.isFinite(r.write_pause_s)) {
+      return `switched over to ${r.new_primary} on ${r.host}; writes paused ${r.write_pause_s.toFixed(1)} s`;
+    }
+    return op.message || "";
+  }
+
+  /** The control that started an operation is told once, when it ends. */
+  const opEndHandlers = new Map();  // id -> (op) => void
+  function onOpFinished(op) {
+    const handler = opEndHandlers.get(op.id);
+    if (handler) { opEndHandlers.delete(op.id); handler(op); }
+  }
+
+  /** The stream lists running operations; one that drops out has finished: fetch its result. The
+   * stream leaves out what kind each is, so one seen there first is read in full once. */
   function mergeActiveOps(active) {
     const ids = new Set();
-    for (const op of active) { ids.add(op.id); upsertOp(op); }
+    for (const op of active) {
+      ids.add(op.id);
+      if (!upsertOp(op).kind) refreshOp(op.id);
+    }
     for (const op of state.ops.values()) if (isActive(op) && !ids.has(op.id)) refreshOp(op.id);
     renderOps();
   }
@@ -728,7 +926,13 @@
   async function refreshOp(id) {
     try {
       const r = await api(`/v1/operations/${encodeURIComponent(id)}`);
-      if (r.ok && r.data) { upsertOp(r.data); renderOps(); }
+      if (!r.ok || !r.data) return;
+      const known = state.ops.get(id);
+      const wasActive = !known || isActive(known);
+      const op = upsertOp(r.data);
+      renderOps();
+      // An operation that ended changed the fleet (new instances, a new primary): show it now.
+      if (wasActive && !isActive(op)) { onOpFinished(op); loadInstances(); }
     } catch { /* next round */ }
   }
 
@@ -755,15 +959,19 @@
     list.replaceChildren(...ops.map((op) => {
       const pct = Math.round(Math.max(0, Math.min(1, op.status === "succeeded" ? 1 : op.progress || 0)) * 100);
       const when = op.created_at ? ` · ${clock(op.created_at)}` : "";
-      return el("li", { class: `op ${op.status}`, "data-testid": "operation", "data-op-id": op.id, "data-status": op.status },
+      const title = opTitle(op);
+      return el("li", {
+        class: `op ${op.status}`, "data-testid": "operation", "data-op-id": op.id, "data-status": op.status,
+        "data-kind": op.kind || null,
+      },
         el("div", { class: "op-head" },
-          el("span", { class: "op-title", text: `Scale to ${op.target}` }),
+          el("span", { class: "op-title", "data-testid": "operation-title", text: title }),
           el("span", {}, badge(op.status), el("span", { class: "muted", text: ` ${pct}%` }))),
         el("div", {
-          class: "bar", role: "progressbar", "aria-label": `Scale to ${op.target}: progress`,
+          class: "bar", role: "progressbar", "aria-label": `${title}: progress`,
           "aria-valuemin": "0", "aria-valuemax": "100", "aria-valuenow": String(pct), "data-testid": "operation-progress",
         }, el("span")),
-        el("p", { class: "op-msg", "data-testid": "operation-message", text: `${op.message || ""}${when} · ${op.id}` }),
+        el("p", { class: "op-msg", "data-testid": "operation-message", text: `${opOutcome(op)}${when} · ${op.id}` }),
         op.error ? el("p", { class: "op-error", "data-testid": "operation-error", text: op.error }) : null);
     }));
     // Bar widths through CSSOM (allowed by the page's CSP, unlike style attributes).
@@ -822,7 +1030,7 @@
       const r = await api("/v1/scale", { method: "PUT", body: { instances: wanted }, token });
       if (r.status === 202 && r.data) {
         const op = upsertOp({
-          id: r.data.operation, status: r.data.status, target: r.data.target, progress: 0,
+          id: r.data.operation, kind: "scale", status: r.data.status, target: r.data.target, progress: 0,
           message: "accepted", created_at: Date.now() / 1000,
         });
         renderOps();
@@ -865,6 +1073,7 @@
       }
     });
     $("instances-table").querySelector("thead").addEventListener("click", onSortClick);
+    $("instances-body").addEventListener("click", onTableClick);
     $("instance-filter").addEventListener("input", (event) => {
       table.filter = event.target.value;
       applyView();

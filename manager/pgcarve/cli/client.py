@@ -1,4 +1,5 @@
-"""The one small HTTP client every API-calling command uses (scale, status, load, server)."""
+"""The one small HTTP client every API-calling command uses (scale, status, load, server, connect,
+dsn, service-file)."""
 
 from __future__ import annotations
 
@@ -6,6 +7,7 @@ import json
 import ssl
 import time
 from typing import Any
+from urllib.parse import quote
 
 import httpx
 
@@ -68,13 +70,41 @@ class ApiClient:
             raise ApiError(resp.status_code, detail)
         return resp.json()
 
+    def _get(self, path: str, params: dict[str, Any]) -> httpx.Response:
+        try:
+            return httpx.get(f"{self.url}{path}", params=params, headers=self.headers, timeout=self.timeout_s,
+                             verify=self.verify)
+        except httpx.ConnectError as exc:
+            raise ApiError(0, f"no pgcarve API answers at {self.url} ({exc}): start it with `pgcarve server start`, "
+                              "or name another with --url") from None
+
     def get(self, path: str, **params: Any) -> Any:
-        return self._check(httpx.get(f"{self.url}{path}", params=params, headers=self.headers,
-                                     timeout=self.timeout_s, verify=self.verify))
+        return self._check(self._get(path, params))
+
+    def get_text(self, path: str, **params: Any) -> str:
+        """A non-JSON resource (the CA's PEM)."""
+        resp = self._get(path, params)
+        if resp.status_code >= 400:
+            self._check(resp)
+        return resp.text
+
+    def instance(self, name: str) -> dict[str, Any]:
+        """GET /v1/instances/{name}."""
+        doc: dict[str, Any] = self.get(f"/v1/instances/{quote(name, safe='')}")
+        return doc
+
+    def credentials(self, name: str) -> dict[str, str]:
+        """The instance's application login {user, password, database} (needs the token)."""
+        doc: dict[str, str] = self.get(f"/v1/instances/{quote(name, safe='')}/credentials")
+        return doc
 
     def put(self, path: str, body: dict[str, Any]) -> Any:
         return self._check(httpx.put(f"{self.url}{path}", json=body, headers=self.headers, timeout=self.timeout_s,
                                      verify=self.verify))
+
+    def delete(self, path: str, **params: Any) -> Any:
+        return self._check(httpx.delete(f"{self.url}{path}", params=params, headers=self.headers,
+                                        timeout=self.timeout_s, verify=self.verify))
 
     def healthy(self) -> bool:
         try:

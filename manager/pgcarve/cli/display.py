@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import threading
+from collections.abc import Sequence
 from typing import Any
 
 from rich.console import Console
@@ -10,6 +11,7 @@ from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
 from pgcarve.control.fleet import Fleet, Instance
+from pgcarve.control.retired import RetiredInstance, retired_doc
 
 console = Console(stderr=True)
 # Tables hold DSNs: never truncate them, even when stdout is not a terminal.
@@ -61,16 +63,21 @@ def instance_rows(fleet: Fleet, instances: list[Instance]) -> list[dict[str, Any
     return rows
 
 
-def print_status(fleet: Fleet, instances: list[Instance]) -> None:
+def print_status(fleet: Fleet, instances: list[Instance], retired: Sequence[RetiredInstance] = ()) -> None:
     table = Table(title=f"pgcarve fleet {fleet.config.fleet!r}")
     for column in ("name", "role", "host", "pinned host CPUs", "state", "DSN"):
         table.add_column(column)
     for row in instance_rows(fleet, instances):
         table.add_row(row["name"], row["role"], row["host"], ",".join(map(str, row["host_cpus"])),
                       row["state"], row["dsn"] or "-")
+    for inst in retired:
+        for guest in inst.guests:
+            table.add_row(guest.name, guest.role, guest.host, "-", f"retired ({guest.disk_mib} MiB kept)", "-")
     out.print(table)
+    print_retired_note([retired_doc(r) for r in retired])
     if instances:
-        out.print(f"password for user pgcarve: in {fleet.paths.secrets_file} (admin_password)")
+        out.print(f"admin DSNs above (user pgcarve, password in {fleet.paths.secrets_file}); applications: "
+                  "`pgcarve connect NAME`, `pgcarve dsn NAME` or `pgcarve service-file` (the API server must run)")
 
 
 def print_api_status(url: str, docs: list[dict[str, Any]]) -> None:
@@ -78,7 +85,15 @@ def print_api_status(url: str, docs: list[dict[str, Any]]) -> None:
     for column in ("name", "host", "vCPUs (host CPUs)", "state", "DSN", "standbys"):
         table.add_column(column)
     for inst in docs:
-        standbys = "; ".join(f"{s['name']}@{s['host']} {s['state']}/{s['sync_state']}" for s in inst["standbys"])
+        standbys = "; ".join(f"{s['name']}@{s['host']} {s['state']}"
+                             + (f"/{s['sync_state']}" if s["sync_state"] else "") for s in inst["standbys"])
         table.add_row(inst["name"], inst["host"], ",".join(map(str, inst["vcpus"])), inst["state"],
                       inst["dsn"] or "-", standbys or "-")
     out.print(table)
+    print_retired_note([d for d in docs if d["state"] == "retired"])
+
+
+def print_retired_note(retired: list[dict[str, Any]]) -> None:
+    """Under the status table: what retired instances keep, and how to bring back or delete them."""
+    for doc in retired:
+        out.print(f"{doc['name']}: {doc['writes']}", highlight=False)

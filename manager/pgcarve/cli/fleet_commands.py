@@ -1,4 +1,4 @@
-"""Commands that act on the fleet directly through libvirt: up, status, down, plan, load."""
+"""Commands that act on the fleet directly through libvirt: up, status, down, purge, plan, load."""
 
 from __future__ import annotations
 
@@ -24,6 +24,8 @@ from pgcarve.config import FleetConfig, load_fleet_config
 from pgcarve.control.capacity import check_capacity
 from pgcarve.control.fleet import Fleet
 from pgcarve.control.removal import discard_half_made, leftovers, remove_instance
+from pgcarve.control.retired import retired_doc, retired_instances
+from pgcarve.control.retirement import finish_interrupted, purge
 from pgcarve.errors import ConfigError, Conflict
 from pgcarve.planning.planner import explain, plan_host, plan_to_dict
 from pgcarve.settings import Settings
@@ -52,7 +54,9 @@ def cmd_up(args: argparse.Namespace, settings: Settings) -> int:
                        f"use `pgcarve scale {args.instances}` instead")
     fleet = open_fleet(args, settings)
     check_capacity(fleet, args.instances)
-    for what in discard_half_made(fleet):  # left by an earlier run that was killed
+    for what in finish_interrupted(fleet):  # left by an earlier run that was killed
+        out.print(f"{what}, left half-way by an interrupted run")
+    for what in discard_half_made(fleet):
         out.print(f"removed {what}, left by an interrupted run")
     with progress_display() as progress:
         Scaler(fleet).scale(args.instances, ProgressBoard(progress))
@@ -63,7 +67,7 @@ def cmd_up(args: argparse.Namespace, settings: Settings) -> int:
 def cmd_status(args: argparse.Namespace, settings: Settings) -> int:
     if read_server(settings.paths) is not None and not args.local:
         client = ApiClient.for_settings(settings)
-        docs = client.get("/v1/instances")
+        docs = client.get("/v1/instances", include="retired")
         if args.json:
             out.print_json(data=docs)
         else:
@@ -71,10 +75,28 @@ def cmd_status(args: argparse.Namespace, settings: Settings) -> int:
         return 0
     fleet = open_fleet(args, settings)
     instances = fleet.observe()
+    retired = retired_instances(fleet)
     if args.json:
-        out.print_json(data=instance_rows(fleet, instances))
+        out.print_json(data=instance_rows(fleet, instances) + [retired_doc(r) for r in retired])
     else:
-        print_status(fleet, instances)
+        print_status(fleet, instances, retired)
+    return 0
+
+
+def cmd_purge(args: argparse.Namespace, settings: Settings) -> int:
+    confirm = args.confirm
+    if confirm is None and sys.stdin.isatty():
+        confirm = console.input(f"Purging deletes the database of {args.name} for good. Type its name to "
+                                "confirm: ").strip()
+    if confirm != args.name:
+        raise ConfigError(f"not purged: purging deletes {args.name}'s database for good; repeat its name with "
+                          f"--confirm {args.name}")
+    if read_server(settings.paths) is not None:
+        done = ApiClient.for_settings(settings).delete(f"/v1/instances/{args.name}", confirm=confirm)
+        out.print(f"purged {done['name']}: {done['purged_mib']} MiB of disks deleted ({', '.join(done['volumes'])})")
+        return 0
+    retired = purge(open_fleet(args, settings), args.name)
+    out.print(f"purged {retired.name}: {retired.disk_mib} MiB of disks deleted")
     return 0
 
 
@@ -84,6 +106,9 @@ def cmd_down(args: argparse.Namespace, settings: Settings) -> int:
     for inst in sorted(instances, key=lambda i: -i.index):
         console.print(f"removing {inst.name} and its standbys")
         remove_instance(fleet, inst)
+    for retired in retired_instances(fleet):
+        console.print(f"deleting the kept disks of retired {retired.name}")
+        purge(fleet, retired.name)
     left = leftovers(fleet)
     if left:
         console.print(f"[red]left behind: {', '.join(left)}")
@@ -128,7 +153,8 @@ def cmd_load(args: argparse.Namespace, settings: Settings) -> int:
     window_start = time.time()  # before run_pgbench's CREATE TABLE, which the set-up count includes
     primaries = [(inst.primary.name, inst.primary.endpoint) for inst in fleet.observe()
                  if inst.primary and inst.primary.endpoint]
-    results = run_concurrently(primaries, fleet.credentials.admin_password, args.clients, args.jobs, args.seconds)
+    results = run_concurrently(primaries, fleet.credentials.admin_password, args.clients, args.jobs, args.seconds,
+                               tls=fleet.client_tls)
     table = Table(title="pgbench insert into test(info) values (null)")
     for column in ("instance", "TPS", "latency avg (ms)", "transactions", "failed"):
         table.add_column(column, justify="right")

@@ -7,6 +7,9 @@
     pgcarve plan --instances N      explain the CPU/NUMA plan (text, json or tfvars)
     pgcarve load                    the experiment's insert load on every primary (pgbench)
     pgcarve scale N                 ask the running API server to scale
+    pgcarve connect NAME [--ro]     psql on an instance as its application role (via the API)
+    pgcarve dsn NAME [--ro]         the instance's URI, which follows failover
+    pgcarve service-file            pg_service.conf + .pgpass, for `psql service=NAME`
     pgcarve server start | stop     the API server in the background
     pgcarve serve                   run the REST API and dashboard
 """
@@ -17,7 +20,7 @@ import argparse
 import sys
 from collections.abc import Callable
 
-from pgcarve.cli import fleet_commands, sandbox_commands, server_commands
+from pgcarve.cli import connect_commands, fleet_commands, sandbox_commands, server_commands
 from pgcarve.cli.display import console
 from pgcarve.errors import (
     CapacityError,
@@ -57,8 +60,13 @@ def build_parser(settings: Settings) -> argparse.ArgumentParser:
     status.add_argument("--local", action="store_true", help="read libvirt directly even if a server runs")
     status.set_defaults(func=fleet_commands.cmd_status)
 
-    down = sub.add_parser("down", help="remove every instance of the fleet (their data goes too)")
+    down = sub.add_parser("down", help="remove every instance of the fleet, retired ones too (their data goes too)")
     down.set_defaults(func=fleet_commands.cmd_down)
+
+    purge = sub.add_parser("purge", help="delete a retired instance's disks (its database) for good")
+    purge.add_argument("name", help="the retired instance, e.g. pgc-02")
+    purge.add_argument("--confirm", metavar="NAME", help="the name again (asked for on a terminal otherwise)")
+    purge.set_defaults(func=fleet_commands.cmd_purge)
 
     plan = sub.add_parser("plan", help="explain which host CPUs and NUMA node each instance gets")
     plan.add_argument("--instances", type=int, required=True)
@@ -78,6 +86,8 @@ def build_parser(settings: Settings) -> argparse.ArgumentParser:
     scale.add_argument("--url", help="API base URL (default: the local server)")
     scale.add_argument("--no-wait", action="store_true")
     scale.set_defaults(func=server_commands.cmd_scale)
+
+    connect_commands.add_parsers(sub)
 
     server = sub.add_parser("server", help="start/stop `pgcarve serve` in the background")
     server.add_argument("action", choices=["start", "stop"])

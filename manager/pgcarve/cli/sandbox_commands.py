@@ -66,6 +66,27 @@ def cmd_restart_libvirtd(args: argparse.Namespace, settings: Settings) -> int:
     return 0
 
 
+def cmd_host_fault(args: argparse.Namespace, settings: Settings) -> int:
+    """kill-host, revive-host, partition, heal: one sandbox host at a time."""
+    faults = SandboxFaults(Sandbox(settings.paths.sandbox_dir))
+    if args.action == "kill-host":
+        killed = faults.kill_host(args.host)
+        out.print(f"{args.host}: killed {killed} process(es) (libvirtd, virtlogd, QEMU, ...); its primaries fail "
+                  "over after recovery.host_timeout_s; `pgcarve sandbox revive-host` brings the host back")
+    elif args.action == "revive-host":
+        faults.revive_host(args.host)
+        out.print(f"{args.host}: libvirtd and virtlogd run again; its guests stay off until the manager decides "
+                  "(a former primary rejoins as a standby)")
+    elif args.action == "partition":
+        faults.partition(args.host)
+        out.print(f"{args.host}: cut off from the other hosts (guests keep running); `pgcarve sandbox heal "
+                  f"{args.host}` joins it again")
+    else:
+        faults.heal(args.host)
+        out.print(f"{args.host}: joined to the other hosts again")
+    return 0
+
+
 def add_parsers(sub: argparse._SubParsersAction) -> None:
     sandbox = sub.add_parser("sandbox", help="start/stop the private local libvirt hosts; inject faults into them")
     sandbox_sub = sandbox.add_subparsers(dest="action", required=True)
@@ -81,3 +102,10 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
     restart = sandbox_sub.add_parser("restart-libvirtd", help="restart a sandbox host's libvirtd under its guests")
     restart.add_argument("host", help="sandbox host name, e.g. h0")
     restart.set_defaults(func=cmd_restart_libvirtd)
+    for action, text in (("kill-host", "kill every process of a sandbox host at once, as a power cut would"),
+                         ("revive-host", "start a killed sandbox host's daemons again"),
+                         ("partition", "cut a sandbox host off from the other hosts (its guests keep running)"),
+                         ("heal", "join a partitioned sandbox host to the others again")):
+        fault = sandbox_sub.add_parser(action, help=text)
+        fault.add_argument("host", help="sandbox host name, e.g. h0")
+        fault.set_defaults(func=cmd_host_fault)

@@ -103,5 +103,5 @@ def cmd_scale(args: argparse.Namespace, settings: Settings) -> int:
     if op["status"] == "failed":
         console.print(f"[red]scale failed: {op['error']}")
         return 1
-    out.print(f"scaled to {args.instances} instance(s)")
+    out.print(f"scaled to {args.instances} instance(s): {op.get('message') or ''}")
     return 0

@@ -105,15 +105,18 @@ class _Link:
     last_raw_xacts: int | None = None
     last_epoch: str | None = None
     # Autovacuum's transactions in the polled database since the baseline, and what the last
-    # poll saw of it (operations so far, its clock, the workers running then).
+    # poll saw of it (operations so far, its newest autovacuum time and the one before, the
+    # workers running then).
     background_xacts: int = 0
     autovacuum_ops: int | None = None
-    server_now: Any = None
+    autovacuum_mark: Any = None
+    autovacuum_mark_before: Any = None
     autovacuum_workers: frozenset[int] = frozenset()
     charged_workers: frozenset[int] = frozenset()
     client_xacts: int | None = None  # the last client count handed out (never lowered)
     standbys: tuple[StandbyState, ...] = field(default_factory=tuple)
     sync_waiting: int = 0  # sessions stuck waiting for a synchronous standby at the last poll
+    write_fence: str | None = None  # why the primary refused new writes at the last poll
     # The poll in flight; it may outlive a round (slow connect, hung guest) and is harvested later.
     task: asyncio.Task[Sample | str] | None = None
 
@@ -178,6 +181,11 @@ class Collector:
         """Sessions of ``instance`` whose commit had waited > 3 s for a synchronous standby at the last poll."""
         link = self._links.get(instance)
         return link.sync_waiting if link else 0
+
+    def write_fence(self, instance: str) -> str | None:
+        """Why the instance's primary refused new writes at the last poll (None: it did not)."""
+        link = self._links.get(instance)
+        return link.write_fence if link else None
 
     async def poll_once(self) -> Snapshot:
         """Poll every current target concurrently, update the tracker, record a snapshot.
@@ -304,7 +312,8 @@ class Collector:
         t0 = time.monotonic()
         try:
             async with asyncio.timeout(self.query_timeout_s):
-                cur = await conn.execute(poll_sql, {"since": link.server_now})
+                cur = await conn.execute(
+                    poll_sql, {"since": link.autovacuum_mark, "before": link.autovacuum_mark_before})
                 row = await cur.fetchone()
         except TimeoutError as exc:
             # Not counted as ours: if it did run, one transaction shows up as workload once,
@@ -333,11 +342,13 @@ class Collector:
             link.own_xacts = 1
             link.background_xacts, link.autovacuum_ops, link.client_xacts = 0, None, None
             link.autovacuum_workers = link.charged_workers = frozenset()
+            link.autovacuum_mark = None
         link.last_raw_xacts, link.last_epoch = raw_xacts, epoch
         link.standbys = polled.standbys
         link.sync_waiting = polled.sync_waiting
+        link.write_fence = polled.write_fence
         self._count_autovacuum(link, polled.autovacuum_ops, polled.autovacuum_tables, polled.autovacuum_workers)
-        link.server_now = polled.server_now
+        link.autovacuum_mark_before, link.autovacuum_mark = link.autovacuum_mark, polled.autovacuum_mark
         client_xacts = polled.client_xacts - own_before - link.background_xacts
         if link.client_xacts is not None and client_xacts < link.client_xacts:
             # Autovacuum's table counts arrive before its transactions: hold, never go down.

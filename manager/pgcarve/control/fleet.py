@@ -2,26 +2,30 @@
 
 The fleet never remembers guests itself: `observe()` reads them back from libvirt's metadata
 each time, so a restarted manager sees exactly what exists. It holds what the doers share: the
-hosts, the placement rule, the credentials, the image uploads, the instance locks. Creating and
+hosts, the placement rule, the credentials (the fleet's and each instance's), the fleet CA, the
+image uploads, the instance locks. Creating and
 removing instances is control/provisioning.py; deciding what to do is the scaler and supervisor.
 """
 
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from pgcarve.config import FleetConfig, HostConfig
 from pgcarve.control.locks import InstanceLocks, PlannedStops
-from pgcarve.errors import ConfigError, GuestNotReady, NotFound
-from pgcarve.guest.credentials import Credentials, load_credentials
+from pgcarve.control.sync_record import SyncRecord, SyncRecords
+from pgcarve.errors import ConfigError, GuestNotReady, HostUnreachable, NotFound
+from pgcarve.guest.credentials import Credentials, InstanceSecrets, InstanceSecretStore, load_credentials
 from pgcarve.guest.image import HostImages
 from pgcarve.guest.probe import DomainTypes
+from pgcarve.guest.tls import FleetCA
 from pgcarve.naming import instance_name
 from pgcarve.planning.placement import Placement
-from pgcarve.planning.topology import HostTopology
-from pgcarve.postgres import session
+from pgcarve.planning.topology import HostTopology, parse_capabilities
+from pgcarve.postgres import conninfo, session
 from pgcarve.sandbox.forward import ForwardRegistry
 from pgcarve.settings import Paths
 from pgcarve.virt.host import GuestInfo, LibvirtHost
@@ -54,16 +58,31 @@ class Guest:
 
 @dataclass(frozen=True)
 class Instance:
-    """A primary and its standbys (an immutable snapshot)."""
+    """A primary and its standbys (an immutable snapshot).
+
+    ``stale`` are guests whose metadata still says primary while another is the instance's
+    recorded primary: a primary fenced or lost in a failover, to become a standby again (or go).
+    """
 
     index: int
     name: str
     primary: Guest | None
     standbys: tuple[Guest, ...]
+    stale: tuple[Guest, ...] = ()
 
     @property
     def guests(self) -> tuple[Guest, ...]:
-        return (*((self.primary,) if self.primary else ()), *self.standbys)
+        return (*((self.primary,) if self.primary else ()), *self.standbys, *self.stale)
+
+
+def _recorded_primary(members: list[GuestInfo], claimants: list[GuestInfo],
+                      record: SyncRecord | None) -> GuestInfo | None:
+    """The instance's primary: the member its synchronous-set record names (a failover writes the
+    record before it promotes or changes metadata). Without a record (an instance from before
+    records, or built by Terraform), the only or first guest whose metadata says primary."""
+    if record is None:
+        return claimants[0] if claimants else None
+    return next((g for g in members if g.name == record.primary), None)
 
 
 class Fleet:
@@ -86,8 +105,15 @@ class Fleet:
         self.domain_types = DomainTypes(config, self.hosts, self.images, paths.probe_cache)
         self.locks = InstanceLocks()
         self.planned_stops = PlannedStops()
+        self.sync_records = SyncRecords(paths.state_dir / "sync")
+        self.secrets = InstanceSecretStore(paths.instance_secrets_dir)
+        self.ca = FleetCA(paths.tls_dir)
         self._credentials: Credentials | None = None
+        self._client_tls: session.ClientTls | None = None
         self._topologies: dict[str, HostTopology] = {}
+        self._last_seen: dict[str, list[GuestInfo]] = {}
+        self._unreachable: dict[str, tuple[float, str]] = {}
+        self._last_reach: dict[str, tuple[str | None, tuple[str, int] | None]] = {}
         self._guard = threading.Lock()
 
     # -- facts -------------------------------------------------------------------------------
@@ -99,9 +125,34 @@ class Fleet:
                 self._credentials = load_credentials(self.paths.secrets_file)
             return self._credentials
 
+    def instance_secrets(self, instance: str) -> InstanceSecrets:
+        """An instance's own passwords (NotFound if it has none: made before they existed)."""
+        return self.secrets.load(instance)
+
+    @property
+    def client_tls(self) -> session.ClientTls:
+        """How pgcarve's clients verify guests: the fleet CA's certificate (made on first use)."""
+        with self._guard:
+            if self._client_tls is None:
+                self.ca.ensure()
+                self._client_tls = session.ClientTls(root_cert=str(self.ca.cert_file))
+            return self._client_tls
+
     def topology(self, host: str) -> HostTopology:
+        """The host's CPUs and NUMA layout. Kept in the state directory too: a manager started
+        while a host is lost still knows where that host's instances were placed."""
         if host not in self._topologies:
-            self._topologies[host] = self.hosts[host].topology()
+            kept = self.paths.state_dir / "topology" / f"{host}.xml"
+            try:
+                xml = self.hosts[host].capabilities()
+            except HostUnreachable:
+                if not kept.exists():
+                    raise
+                xml = kept.read_text()
+            else:
+                kept.parent.mkdir(parents=True, exist_ok=True)
+                kept.write_text(xml)
+            self._topologies[host] = parse_capabilities(xml)
         return self._topologies[host]
 
     @property
@@ -112,28 +163,54 @@ class Fleet:
     # -- observing ---------------------------------------------------------------------------
 
     def guests(self) -> list[GuestInfo]:
+        """Every guest of this fleet. A host whose libvirtd does not answer contributes the guests
+        last seen on it, in state "unreachable" (see unreachable_hosts())."""
         found: list[GuestInfo] = []
-        for host in self.hosts.values():
-            found.extend(host.guests(self.config.fleet))
+        for name, host in self.hosts.items():
+            try:
+                listed = host.guests(self.config.fleet)
+            except HostUnreachable as exc:
+                with self._guard:
+                    self._unreachable.setdefault(name, (time.time(), str(exc)))
+                    listed = [replace(g, state="unreachable") for g in self._last_seen.get(name, [])]
+            else:
+                with self._guard:
+                    self._last_seen[name] = listed
+                    self._unreachable.pop(name, None)
+            found.extend(listed)
         return found
+
+    def unreachable_hosts(self) -> dict[str, tuple[float, str]]:
+        """Hosts whose libvirtd did not answer at the last listing: since when (wall clock), and why."""
+        with self._guard:
+            return dict(self._unreachable)
 
     def observe(self, with_endpoints: bool = True) -> list[Instance]:
         """Every instance, rebuilt from libvirt metadata on every host (sorted by index)."""
         by_index: dict[int, list[GuestInfo]] = {}
         for info in self.guests():
             by_index.setdefault(info.metadata.index, []).append(info)
-        instances = []
-        for index in sorted(by_index):
-            members = by_index[index]
-            primary = next((g for g in members if g.metadata.role == "primary"), None)
-            standbys = sorted((g for g in members if g.metadata.role == "standby"), key=lambda g: g.metadata.standby)
-            instances.append(Instance(
-                index=index,
-                name=instance_name(self.config.fleet, index),
-                primary=self.reach(primary, with_endpoints) if primary else None,
-                standbys=tuple(self.reach(g, with_endpoints) for g in standbys),
-            ))
-        return instances
+        return [self._assemble(index, by_index[index], with_endpoints) for index in sorted(by_index)]
+
+    def instance_at(self, index: int) -> Instance | None:
+        """Instance `index` as libvirt shows it now (only its own guests are reached), if it exists."""
+        members = [info for info in self.guests() if info.metadata.index == index]
+        return self._assemble(index, members) if members else None
+
+    def _assemble(self, index: int, members: list[GuestInfo], with_endpoints: bool = True) -> Instance:
+        name = instance_name(self.config.fleet, index)
+        primaries = [g for g in members if g.metadata.role == "primary"]
+        primary = _recorded_primary(members, primaries, self.sync_records.get(name))
+        stale = [g for g in primaries if g is not primary]
+        standbys = sorted((g for g in members if g.metadata.role == "standby" and g is not primary),
+                          key=lambda g: g.metadata.standby)
+        return Instance(
+            index=index,
+            name=name,
+            primary=self.reach(primary, with_endpoints) if primary else None,
+            standbys=tuple(self.reach(g, with_endpoints) for g in standbys),
+            stale=tuple(self.reach(g, with_endpoints) for g in stale),
+        )
 
     def instance(self, name: str) -> Instance:
         for inst in self.observe():
@@ -142,12 +219,33 @@ class Fleet:
         raise NotFound(f"no instance named {name!r}")
 
     def reach(self, info: GuestInfo, with_endpoint: bool = True) -> Guest:
-        """The guest with its address and this machine's way to its PostgreSQL, when running."""
-        if not with_endpoint or info.state != "running":
+        """The guest with its address and this machine's way to its PostgreSQL, when running. A
+        guest on a host whose libvirtd does not answer keeps the address last seen: its
+        PostgreSQL may well still serve (only libvirtd down), which is worth asking before
+        calling the host lost."""
+        if not with_endpoint or info.state not in ("running", "unreachable"):
             return Guest(info=info, address=None, endpoint=None)
+        if info.state == "unreachable":
+            with self._guard:
+                address, endpoint = self._last_reach.get(info.name, (None, None))
+            return Guest(info=info, address=address, endpoint=endpoint)
         host = self.config.host(info.host)
         address = self.hosts[info.host].guest_address(info.name, host.network, info.mac)
-        return Guest(info=info, address=address, endpoint=self._endpoint(host, info.name, address))
+        endpoint = self._endpoint(host, info.name, address)
+        with self._guard:
+            self._last_reach[info.name] = (address, endpoint)
+        return Guest(info=info, address=address, endpoint=endpoint)
+
+    def last_address(self, info: GuestInfo) -> str | None:
+        """The guest's address from its newest DHCP lease, running or not: a stopped guest
+        started again gets the same one while its lease lasts. On a host that does not answer:
+        the address last seen, if any."""
+        host = self.config.host(info.host)
+        try:
+            return self.hosts[info.host].guest_address(info.name, host.network, info.mac)
+        except HostUnreachable:
+            with self._guard:
+                return self._last_reach.get(info.name, (None, None))[0]
 
     def endpoint_at(self, guest: Guest, port: int) -> tuple[str, int] | None:
         """How this machine reaches the PostgreSQL listening on `port` in a running guest: the
@@ -170,9 +268,9 @@ class Fleet:
         return "127.0.0.1", fwd.port
 
     def dsn(self, endpoint: tuple[str, int], with_password: bool = False) -> str:
-        host, port = endpoint
-        password = f":{self.credentials.admin_password}" if with_password else ""
-        return f"postgresql://{session.ADMIN_USER}{password}@{host}:{port}/{session.CLIENT_DATABASE}"
+        """The admin's URI for one guest, verifying its certificate with the fleet CA."""
+        password = self.credentials.admin_password if with_password else None
+        return conninfo.uri(session.ADMIN_USER, session.CLIENT_DATABASE, [endpoint], self.client_tls, password)
 
     def connect(self, guest: Guest, timeout_s: float = 5.0,
                 database: str = session.MANAGER_DATABASE) -> session.Connection:
@@ -180,7 +278,7 @@ class Fleet:
         if guest.endpoint is None:
             raise GuestNotReady(f"{guest.name} has no address yet")
         host, port = guest.endpoint
-        return session.connect(host, port, self.credentials.admin_password, database, timeout_s)
+        return session.connect(host, port, self.credentials.admin_password, database, timeout_s, tls=self.client_tls)
 
     def close(self) -> None:
         for host in self.hosts.values():

@@ -19,6 +19,7 @@ class InstanceLocks:
     def __init__(self) -> None:
         self._locks: dict[int, threading.Lock] = {}
         self._busy: dict[int, str] = {}
+        self._keeper_welcome: set[int] = set()
         self._guard = threading.Lock()
 
     @contextlib.contextmanager
@@ -35,10 +36,44 @@ class InstanceLocks:
                 with self._guard:
                     self._busy.pop(index, None)
 
+    @contextlib.contextmanager
+    def try_exclusive(self, index: int, doing: str) -> Iterator[bool]:
+        """Hold instance `index` if nobody does (yields True), else yield False at once."""
+        with self._guard:
+            lock = self._locks.setdefault(index, threading.Lock())
+        if not lock.acquire(blocking=False):
+            yield False
+            return
+        with self._guard:
+            self._busy[index] = doing
+        try:
+            yield True
+        finally:
+            with self._guard:
+                self._busy.pop(index, None)
+            lock.release()
+
     def busy(self, index: int) -> str | None:
         """What work holds instance `index` now, if any."""
         with self._guard:
             return self._busy.get(index)
+
+    @contextlib.contextmanager
+    def welcome_keeper(self, index: int) -> Iterator[None]:
+        """While the holder of `index` works only on its standbys (the primary stays where it
+        is), the synchronous set may still be kept (control/primary_watch.py): a dead
+        synchronous standby must not hold commits for as long as its repair takes."""
+        with self._guard:
+            self._keeper_welcome.add(index)
+        try:
+            yield
+        finally:
+            with self._guard:
+                self._keeper_welcome.discard(index)
+
+    def keeper_welcome(self, index: int) -> bool:
+        with self._guard:
+            return index in self._keeper_welcome
 
 
 class PlannedStops:

@@ -1,8 +1,9 @@
-"""Scale operations: accepted requests, run one at a time, with progress an operator can follow.
+"""Operations: accepted requests, run one at a time, with progress an operator can follow.
 
-Every accepted `PUT /v1/scale` becomes an Operation. A single worker runs them in order; when
-several are waiting, only the newest runs and the older ones fail as "superseded", so the fleet
-ends at the last accepted request without walking through every intermediate size. Operations
+Every accepted `PUT /v1/scale` (and failover or switchover by hand) becomes an Operation. A single
+worker runs them in order; when several scales are waiting, only the newest runs and the older
+ones fail as "superseded", so the fleet ends at the last accepted request without walking through
+every intermediate size. Operations
 are journaled to the state directory, so a manager that is killed mid-operation finds the
 unfinished one on restart and runs it again to completion (scaling is idempotent).
 """
@@ -35,6 +36,8 @@ class Operation:
     finished_at: float | None = None
     steps: dict[str, dict[str, object]] = field(default_factory=dict)  # per guest: step, fraction
     seq: int = 0  # acceptance order
+    params: dict[str, object] = field(default_factory=dict)  # failover/switchover: instance, to, force
+    result: dict[str, object] = field(default_factory=dict)  # what it did, for the API
 
     def public(self) -> dict[str, object]:
         return asdict(self)
@@ -43,7 +46,7 @@ class Operation:
 class OperationQueue:
     """Accepts operations and runs them one at a time on a worker thread."""
 
-    def __init__(self, run: Callable[[Operation], None], journal: Path | None = None, keep: int = 200):
+    def __init__(self, run: Callable[[Operation], str | None], journal: Path | None = None, keep: int = 200):
         self._run = run
         self._journal = journal
         self._keep = keep
@@ -66,11 +69,12 @@ class OperationQueue:
             self._stopped = True
             self._cond.notify_all()
 
-    def submit(self, kind: str, target: int) -> Operation:
+    def submit(self, kind: str, target: int, params: dict[str, object] | None = None) -> Operation:
         with self._cond:
             # Created under the lock, so creation order is the order the worker sees.
             self._seq += 1
-            op = Operation(id=uuid.uuid4().hex[:12], kind=kind, target=target, seq=self._seq)
+            op = Operation(id=uuid.uuid4().hex[:12], kind=kind, target=target, seq=self._seq,
+                           params=dict(params or {}))
             self._ops[op.id] = op
             self._pending.append(op.id)
             self.counts["accepted"] += 1
@@ -112,19 +116,20 @@ class OperationQueue:
                     self._cond.wait()
                 if self._stopped:
                     return
-                newest = self._pending[-1]
-                for op_id in self._pending[:-1]:
+                # Of the scale requests waiting, only the newest runs; others run in order.
+                scales = [i for i in self._pending if self._ops[i].kind == "scale"]
+                for op_id in scales[:-1]:
                     old = self._ops[op_id]
                     old.status, old.finished_at = "failed", time.time()
-                    old.error = f"superseded by a later scale request (operation {newest}) before it started"
+                    old.error = f"superseded by a later scale request (operation {scales[-1]}) before it started"
                     self.counts["superseded"] += 1
-                self._pending.clear()
-                op = self._ops[newest]
+                    self._pending.remove(op_id)
+                op = self._ops[self._pending.pop(0)]
                 op.status, op.started_at, op.message = "running", time.time(), "starting"
                 self._save()
             try:
-                self._run(op)
-                final: dict[str, object] = {"status": "succeeded", "progress": 1.0, "message": "done"}
+                summary = self._run(op)  # what was done, in words (None: nothing to add)
+                final: dict[str, object] = {"status": "succeeded", "progress": 1.0, "message": summary or "done"}
                 self.counts["succeeded"] += 1
             except Exception as exc:
                 final = {"status": "failed", "error": str(exc) or type(exc).__name__, "message": "failed"}

@@ -2,11 +2,15 @@
 
 Each guest boots from a qcow2 overlay of the image and a NoCloud seed, pinned to its planned
 slot, marked "creating" in its libvirt metadata until its whole instance is built (so a manager
-killed half-way knows what it never finished: control/removal.py).
+killed half-way knows what it never finished: control/removal.py). A seed carries the guest's
+certificate from the fleet CA and its instance's own passwords (made with the primary's seed).
+A standby clones itself once its primary lets its address in (control/access.py), which is done
+as soon as the standby has an address.
 """
 
 from __future__ import annotations
 
+import logging
 import tempfile
 import time
 from collections.abc import Callable
@@ -17,16 +21,23 @@ from pathlib import Path
 import psycopg
 
 from pgcarve.config import HostConfig
+from pgcarve.control.access import refresh_replication_access
 from pgcarve.control.capacity import require_free_space
 from pgcarve.control.fleet import Fleet, Guest, Instance, Progress, no_progress
-from pgcarve.control.removal import discard_instance
-from pgcarve.errors import CapacityError, GuestNotReady
-from pgcarve.guest.seed import GuestSeed, write_seed_iso
-from pgcarve.naming import application_name, instance_name, slot_name, standby_name
+from pgcarve.control.removal import discard_instance, remove_guest
+from pgcarve.control.sync import initial_record, names_for
+from pgcarve.control.sync_record import SyncRecord
+from pgcarve.errors import CapacityError, GuestNotReady, PgcarveError
+from pgcarve.failpoints import failpoint
+from pgcarve.guest.credentials import InstanceSecrets
+from pgcarve.guest.seed import GuestSeed, Role, write_seed_iso
+from pgcarve.naming import application_name, disk_volume, instance_name, seed_volume, slot_name, standby_name
 from pgcarve.postgres import replication
 from pgcarve.postgres.session import first_line
 from pgcarve.virt.domain_xml import Disk, DomainSpec, InstanceMetadata, Nic, mac_for
 from pgcarve.virt.storage import BaseImage
+
+log = logging.getLogger(__name__)
 
 Readiness = Callable[[HostConfig, str, Progress, bool], Guest]
 """(host, guest name, progress, standby?) -> the guest once its PostgreSQL is ready for its role."""
@@ -58,30 +69,54 @@ class Provisioner:
             hugepages=self.fleet.config.instance.hugepages,
             kernel=image.kernel_path,
             initrd=image.initrd_path,
-            disks=(Disk("vda", host.pool, f"{name}.qcow2"),
-                   Disk("vdb", host.pool, f"{name}-seed.iso", format="raw", readonly=True)),
+            disks=(Disk("vda", host.pool, disk_volume(name)),
+                   Disk("vdb", host.pool, seed_volume(name), format="raw", readonly=True)),
             nics=(Nic(host.network, mac_for(self.fleet.config.fleet, name)),),
             console_log=f"/var/log/libvirt/qemu/{name}-console.log",
             creating=creating,
         )
 
-    def sync_names(self, standby_names: list[str]) -> str:
-        """synchronous_standby_names for a primary whose standbys are these guests, in priority order."""
-        repl = self.fleet.config.replication
-        if not standby_names:
-            return ""
-        return replication.synchronous_standby_names(repl.sync_mode, min(repl.sync_count, len(standby_names)),
-                                                     standby_names)
-
-    def primary_seed(self, name: str, standby_names: list[str]) -> GuestSeed:
+    def seed(self, name: str, instance: str, role: Role, secrets: InstanceSecrets, sync_names: str = "",
+             primary_host: str | None = None, rejoin: bool = False) -> GuestSeed:
+        """The seed of guest `name` of `instance`: a certificate for both names from the fleet CA
+        (clients verify with the CA; `verify-full` where they connect by one of these names)."""
         config = self.fleet.config
+        ca = self.fleet.ca
         return GuestSeed(
-            name=name, role="primary", credentials=self.fleet.credentials,
-            allowed_cidrs=tuple(config.allowed_cidrs),
+            name=name, role=role, credentials=self.fleet.credentials,
+            allowed_cidrs=tuple(config.allowed_cidrs), secrets=secrets,
+            tls=ca.issue_server_certificate(list(dict.fromkeys([name, instance]))),
+            ca_pem=ca.certificate_pem(),
             synchronous_commit=config.replication.synchronous_commit,
-            synchronous_standby_names=self.sync_names(standby_names),
-            clusters=config.instance.clusters,
+            synchronous_standby_names=sync_names,
+            primary_host=primary_host,
+            rejoin=rejoin,
+            fence_after_s=config.recovery.fence_after_s,
+            clusters=config.instance.clusters if role == "primary" else 1,
         )
+
+    def primary_seed(self, name: str, record: SyncRecord | None) -> GuestSeed:
+        """The seed of a new instance's first primary (named as the instance), whose synchronous
+        standbys are the record's (none: no record); makes the instance's passwords if it has
+        none yet."""
+        return self.seed(name, name, "primary", self.fleet.secrets.load_or_create(name),
+                         names_for(record) if record is not None else "")
+
+    def standby_seed(self, name: str, primary: Guest, rejoin: bool = False) -> GuestSeed:
+        """The seed of a standby of `primary`; `rejoin`: its disk holds a former primary to rewind."""
+        if primary.address is None:
+            raise GuestNotReady(f"{primary.name} has no address for {name} to replicate from")
+        instance = primary.info.metadata.cluster
+        return self.seed(name, instance, "standby", self.fleet.instance_secrets(instance),
+                         primary_host=primary.address, rejoin=rejoin)
+
+    def write_seed(self, host: HostConfig, name: str, seed: GuestSeed) -> None:
+        """Upload the guest's NoCloud seed volume (read at its next boot)."""
+        with tempfile.TemporaryDirectory(prefix="pgcarve-") as tmp:
+            iso = Path(tmp) / "seed.iso"
+            # A new instance-id each time: the guest tells a new seed from one it has acted on.
+            write_seed_iso(seed, f"{name}-{time.time_ns()}", iso)
+            self.fleet.hosts[host.name].storage.upload_file(seed_volume(name), iso)
 
     # -- one guest ---------------------------------------------------------------------------
 
@@ -92,14 +127,32 @@ class Provisioner:
         image = self.fleet.images.on(host.name)
         require_free_space(self.fleet, host.name, self.fleet.config.instance.disk_reserve_mib)
         progress(name, f"disk and seed on {host.name}", 0.1)
-        lv.storage.create_overlay(f"{name}.qcow2", image.disk, self.fleet.config.instance.disk_gib)
-        with tempfile.TemporaryDirectory(prefix="pgcarve-") as tmp:
-            iso = Path(tmp) / "seed.iso"
-            write_seed_iso(seed, f"{name}-{int(time.time())}", iso)
-            lv.storage.upload_file(f"{name}-seed.iso", iso)
+        lv.storage.create_overlay(disk_volume(name), image.disk, self.fleet.config.instance.disk_gib)
+        self.write_seed(host, name, seed)
         spec = self.domain_spec(host, name, meta, image, self.fleet.domain_types.of(host.name), creating=True)
         progress(name, f"starting on {host.name} CPUs {','.join(map(str, spec.vcpu_pins))}", 0.2)
         lv.define_and_start(spec)
+
+    def boot_kept_disk(self, host_name: str, name: str, meta: InstanceMetadata, image_tag: str,
+                       start: bool = True) -> None:
+        """Define guest `name` again on the disk and seed it left behind (a retired instance
+        coming back: control/retirement.py), in its planned slot with its MAC, booting the image
+        version its disk was made from; start it unless told not to."""
+        host = self.fleet.config.host(host_name)
+        lv = self.fleet.hosts[host_name]
+        seed = seed_volume(name)
+        if seed not in lv.storage.volume_names():
+            raise GuestNotReady(f"{name} on {host_name}: its seed volume {seed} is gone; it cannot boot as it was")
+        image = lv.storage.uploaded_image(image_tag) if image_tag else None
+        if image is None:
+            image = self.fleet.images.on(host_name)
+            log.warning("%s: image version %s is no longer on %s; booting its disk with the current kernel",
+                        name, image_tag or "(unknown)", host_name)
+        spec = self.domain_spec(host, name, meta, image, self.fleet.domain_types.of(host_name))
+        if start:
+            lv.define_and_start(spec)
+        else:
+            lv.define(spec)
 
     def wait_sql(self, host: HostConfig, name: str, progress: Progress, standby: bool = False) -> Guest:
         """Wait until PostgreSQL in the guest accepts our login (and, for a standby, is in recovery)."""
@@ -108,6 +161,10 @@ class Provisioner:
         started = time.monotonic()
         deadline = started + timeout_s
         last_error = "no address yet"
+        # A standby replicates only once its instance's guests let its address in. Let in again if
+        # the address changes: a guest re-created under an old name may first show the old
+        # guest's DHCP lease (same MAC) until it gets its own.
+        let_in: str | None = None
         while time.monotonic() < deadline:
             info = lv.guest(name)
             if info.state == "paused":
@@ -123,6 +180,12 @@ class Provisioner:
             if info.state not in ("running", "paused"):
                 raise GuestNotReady(f"{name} on {host.name} stopped while booting (state {info.state})")
             guest = self.fleet.reach(info)
+            if standby and guest.address is not None and guest.address != let_in:
+                try:
+                    refresh_replication_access(self.fleet, info.metadata.index)
+                    let_in = guest.address
+                except PgcarveError as exc:
+                    last_error = f"letting it replicate: {exc}"
             if guest.endpoint is not None:
                 try:
                     with self.fleet.connect(guest, timeout_s=3) as conn:
@@ -143,38 +206,84 @@ class Provisioner:
         """Create instance `index`: its primary, then its standbys cloned from it, and wait
         until the primary accepts SQL and every standby streams from it.
 
-        On any failure the instance's guests and disks are removed again, so a failed
-        scale-up leaves nothing half-made (the instance held no acknowledged data yet).
+        The primary loses its "creating" mark before any standby exists: from then on it could
+        acknowledge a commit, so a restarted manager never discards it as half-made
+        (control/removal.py). A failure here removes the whole instance only while it could not
+        have acknowledged a commit; otherwise the instance stays and only its unfinished standbys
+        go (the HA loop builds them again).
         """
         with self.fleet.locks.exclusive(index, "creating"):
+            replaying: set[str] = set()
             try:
-                instance = self._create_instance(index, progress)
-            except BaseException:
-                discard_instance(self.fleet, index)
+                instance = self._create_instance(index, progress, replaying)
+            except BaseException as exc:
+                self._after_failed_create(index, exc, replaying)
                 raise
-            for guest in instance.guests:
+            for guest in instance.standbys:
                 self.fleet.hosts[guest.info.host].mark_complete(guest.name)
             return instance
 
-    def _create_instance(self, index: int, progress: Progress = no_progress) -> Instance:
+    def _create_instance(self, index: int, progress: Progress, replaying: set[str]) -> Instance:
         fleet_name = self.fleet.config.fleet
         name = instance_name(fleet_name, index)
         primary_host, standby_hosts = self.fleet.placement.hosts_for(index)
         standby_names = [standby_name(fleet_name, index, s) for s in range(1, len(standby_hosts) + 1)]
         meta = InstanceMetadata(fleet=fleet_name, cluster=name, role="primary", index=index)
-        self.create_guest(primary_host, name, meta, self.primary_seed(name, standby_names), progress)
+        # The synchronous set is recorded before the primary exists (control/sync_record.py).
+        record = initial_record(name, name, primary_host.name, standby_names, self.fleet.config.replication)
+        if record is not None:
+            self.fleet.sync_records.put(record)
+        self.create_guest(primary_host, name, meta, self.primary_seed(name, record), progress)
         primary = self.ready(primary_host, name, progress, False)
+        self.fleet.hosts[primary_host.name].mark_complete(name)
+        failpoint("provisioning.primary_ready")
         progress(name, "primary accepts SQL", 1.0 if not standby_names else 0.6)
         if not standby_names:
             return self.fleet.instance(name)
         with ThreadPoolExecutor(max_workers=len(standby_names)) as pool:
-            futures = [pool.submit(self.create_standby, primary, host, sname, s, progress)
-                       for s, (sname, host) in enumerate(zip(standby_names, standby_hosts, strict=True), start=1)]
-            for future in futures:
+            futures = {sname: pool.submit(self.create_standby, primary, host, sname, s, progress)
+                       for s, (sname, host) in enumerate(zip(standby_names, standby_hosts, strict=True), start=1)}
+            for sname, future in futures.items():
                 future.result()
+                replaying.add(sname)
+                failpoint("provisioning.standby_replaying")
         self.wait_streaming(primary, standby_names, progress)
+        try:  # every guest learns every other's address, so a standby is ready to be promoted
+            refresh_replication_access(self.fleet, index)
+        except PgcarveError as exc:  # the primary and its standbys are whole: not a reason to fail
+            log.warning("%s: standbys not yet told each other's addresses (%s); a later refresh will", name, exc)
         progress(name, "ready", 1.0)
         return self.fleet.instance(name)
+
+    def _after_failed_create(self, index: int, exc: BaseException, replaying: set[str]) -> None:
+        """Remove a failed new instance, unless it could have acknowledged a commit: with
+        synchronous replication, once a standby streamed from it (one that finished here, or one
+        streaming now); without, from its first answer. Then the instance stays; only its standbys
+        that never got going are removed (the HA loop builds them again). When its primary cannot
+        be asked, assume it could have: keep the data."""
+        name = instance_name(self.fleet.config.fleet, index)
+        instance = next((i for i in self.fleet.observe() if i.index == index), None)
+        primary = instance.primary if instance else None
+        if instance is None or primary is None or primary.info.creating:
+            discard_instance(self.fleet, index)
+            return
+        config = self.fleet.config.replication
+        try:
+            with self.fleet.connect(primary, timeout_s=5) as conn:
+                streaming = replication.streaming_standbys(conn)
+            going = replaying | {g.name for g in instance.standbys if application_name(g.name) in streaming}
+        except (psycopg.Error, PgcarveError):
+            going = {g.name for g in instance.standbys}
+        if not going and config.standbys and config.synchronous_commit not in ("off", "local"):
+            discard_instance(self.fleet, index)
+            return
+        for guest in instance.standbys:
+            if guest.name in going:
+                self.fleet.hosts[guest.info.host].mark_complete(guest.name)
+            else:
+                remove_guest(self.fleet, guest.info)
+        log.error("creating %s failed (%s), but it could already acknowledge commits: it is kept (primary %s); "
+                  "the HA loop builds its missing standbys", name, exc, primary.name)
 
     def create_standby(self, primary: Guest, host: HostConfig, name: str, number: int,
                        progress: Progress = no_progress) -> Guest:
@@ -187,22 +296,50 @@ class Provisioner:
         meta = primary.info.metadata
         smeta = InstanceMetadata(fleet=meta.fleet, cluster=meta.cluster, role="standby", index=meta.index,
                                  standby=number)
-        seed = replace(self.primary_seed(name, []), role="standby", primary_host=primary.address)
-        self.create_guest(host, name, smeta, seed, progress)
+        self.create_guest(host, name, smeta, self.standby_seed(name, primary), progress)
         guest = self.ready(host, name, progress, True)
         progress(name, "standby replaying", 1.0)
         return guest
 
+    def rejoin(self, guest: Guest, primary: Guest, number: int, progress: Progress = no_progress) -> Guest:
+        """Turn a former primary of the instance (fenced or lost in a failover) into standby
+        `number` of `primary`, keeping its disk: powered off, given a standby seed that asks for a
+        rewind (pg_rewind onto the new primary; if that fails, its data directory is kept aside
+        in the guest and a fresh copy cloned), and started again."""
+        host = self.fleet.config.host(guest.info.host)
+        lv = self.fleet.hosts[host.name]
+        self.fleet.planned_stops.will_stop(guest.name)
+        lv.stop(guest.name)
+        progress(guest.name, f"rejoining as a standby of {primary.name} (rewind)", 0.2)
+        with self.fleet.connect(primary) as conn:
+            replication.create_slot(conn, slot_name(guest.name))
+        self.write_seed(host, guest.name, self.standby_seed(guest.name, primary, rejoin=True))
+        # Metadata last: until now it still said primary, so a restart never started it as a standby
+        # with its old seed, nor as a primary (the recorded primary is another guest).
+        lv.set_metadata(guest.name, replace(guest.info.metadata, role="standby", standby=number))
+        lv.start(guest.name)
+        return self.wait_sql(host, guest.name, progress, standby=True)
+
     def wait_streaming(self, primary: Guest, standbys: list[str], progress: Progress,
-                       timeout_s: float = 300) -> None:
-        """Until every one of `standbys` streams from `primary`."""
+                       timeout_s: float = 300, renew_lease: bool = False) -> None:
+        """Until every one of `standbys` streams from `primary`; `renew_lease`: keep the manager's
+        lease fresh meanwhile (a primary whose watchdog saw the manager before must not fence
+        itself while its standbys boot)."""
         wanted = {application_name(s) for s in standbys}
         deadline = time.monotonic() + timeout_s
+        last = "no answer yet"
         while time.monotonic() < deadline:
-            with self.fleet.connect(primary) as conn:
-                if wanted <= replication.streaming_standbys(conn):
+            try:
+                with self.fleet.connect(primary) as conn:
+                    if renew_lease:
+                        replication.renew_manager_lease(conn)
+                    streaming = replication.streaming_standbys(conn)
+                if wanted <= streaming:
                     return
+                last = f"streaming now: {', '.join(sorted(streaming & wanted)) or 'none'}"
+            except psycopg.Error as exc:  # a primary busy with its standbys' clones may answer late: ask again
+                last = first_line(exc)
             progress(primary.name, "waiting for standbys to stream", 0.9)
             time.sleep(0.5)
         raise GuestNotReady(f"standbys of {primary.name} ({', '.join(sorted(wanted))}) are not streaming "
-                            f"after {timeout_s:.0f} s")
+                            f"after {timeout_s:.0f} s (last: {last})")

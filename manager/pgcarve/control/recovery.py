@@ -1,27 +1,31 @@
 """Putting an instance back together after a fault.
 
 The supervisor (supervisor.py) decides *when*; this module knows *how*: start a stopped guest
-again from its disk, rebuild a standby that cannot come back, or fail over to the most advanced
-standby. Every action keeps RPO 0 in synchronous mode: a commit was acknowledged only after a
-synchronous standby had it, and failover promotes the standby that has received the most WAL.
-A repair returns what it did as a RepairResult (typed steps), never as prose to be searched.
+again from its disk, fail over (control/failover.py) where the primary's host is lost or the
+policy says so, rejoin a former primary as a standby, restart or rebuild standbys, and build
+missing ones on hosts that hold no member of the instance. RPO 0 throughout: failover promotes
+only a standby proven to hold every acknowledged commit. A repair returns what it did as a
+RepairResult (typed steps), never as prose to be searched.
 """
 
 from __future__ import annotations
 
 import enum
 import logging
+import time
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 import psycopg
 
 from pgcarve.config import HostConfig
+from pgcarve.control.failover import Failover
 from pgcarve.control.fleet import Fleet, Guest, Instance, Progress, no_progress
 from pgcarve.control.provisioning import Provisioner
 from pgcarve.control.removal import remove_guest
-from pgcarve.errors import GuestNotReady, PgcarveError
-from pgcarve.naming import instance_name, slot_name, standby_name
+from pgcarve.errors import CapacityError, GuestNotReady, PgcarveError
+from pgcarve.naming import instance_name, standby_name
 from pgcarve.postgres import replication
 
 log = logging.getLogger("pgcarve.control.recovery")
@@ -33,6 +37,8 @@ class Action(enum.StrEnum):
     RESTART = "restart"  # started again from its own disk
     REBUILD = "rebuild"  # removed and cloned again from the primary
     FAILOVER = "failover"  # a standby promoted in the primary's place
+    REJOIN = "rejoin"  # a former primary rewound into a standby of the new one (its disk kept)
+    FOLLOW = "follow"  # a running standby pointed at the current primary again
     NONE = "none"
 
 
@@ -43,6 +49,14 @@ class RepairStep:
     guest: str
     action: Action
     message: str
+
+
+class RepairIncomplete(PgcarveError):
+    """A repair that failed after doing something (a failover, say): what, and why it stopped."""
+
+    def __init__(self, cause: PgcarveError, steps: tuple[RepairStep, ...]):
+        super().__init__(str(cause))
+        self.steps = steps
 
 
 @dataclass(frozen=True)
@@ -56,12 +70,20 @@ class RepairResult:
         return any(step.guest == guest for step in self.steps)
 
 
+# A standby pointed at the primary that still receives nothing this long later is rewound.
+REFOLLOW_GRACE_S = 60.0
+
+
 class Repairer:
     """Repairs one instance at a time (the caller holds its lock: fleet.locks.exclusive)."""
 
     def __init__(self, fleet: Fleet, provisioner: Provisioner):
         self.fleet = fleet
         self.provisioner = provisioner
+        self.failover = Failover(fleet, provisioner)
+        # Standbys pointed at the primary again, and when: one still not receiving a while later
+        # has WAL the primary never had (a forced failover), and is rewound instead.
+        self._refollowed: dict[str, float] = {}
 
     def current(self, index: int) -> Instance | None:
         return next((i for i in self.fleet.observe() if i.index == index), None)
@@ -93,182 +115,203 @@ class Repairer:
         self.fleet.hosts[host.name].mark_complete(name)
         return guest
 
-    def missing_standbys(self, inst: Instance) -> list[tuple[HostConfig, str, int]]:
-        """(host, name, number) for each standby the instance should have but has no guest for.
+    def missing_standbys(self, inst: Instance) -> tuple[list[tuple[HostConfig, str]], str]:
+        """(host, name) for each standby the instance should have but has no guest for, and, when
+        hosts run out, which capacity is missing (in words; "" when none is).
 
-        Names and hosts come from the instance's original placement; after a failover the names
-        have moved between roles, so a missing standby takes whichever name and host is free.
+        A stale former primary counts as a standby (it rejoins when its host answers). A missing
+        standby goes to a host of the instance's placement that answers and holds no member; names
+        follow the host's slot (pgc-01 on the primary host, pgc-01-sK on standby host K), so a
+        name never exists on two hosts.
         """
         wanted = self.fleet.config.replication.standbys
-        members = inst.guests
-        numbers = {g.info.metadata.standby for g in inst.standbys}
+        need = max(0, wanted - len(inst.standbys) - len(inst.stale))
+        if not need:
+            return [], ""
         primary_host, standby_hosts = self.fleet.placement.hosts_for(inst.index)
         fleet_name = self.fleet.config.fleet
+        unreachable = self.fleet.unreachable_hosts()
         slots = [(primary_host, instance_name(fleet_name, inst.index))] + [
             (h, standby_name(fleet_name, inst.index, s)) for s, h in enumerate(standby_hosts, start=1)]
-        free = [(h, n) for h, n in slots
-                if n not in {g.name for g in members} and h.name not in {g.info.host for g in members}]
-        missing = []
-        for number in range(1, wanted + 1):
-            if number not in numbers and free:
-                host, name = free.pop(0)
-                missing.append((host, name, number))
-        return missing
-
-    # -- failover ------------------------------------------------------------------------------
-
-    def failover(self, inst: Instance, progress: Progress = no_progress) -> Guest:
-        """Promote the standby with the most WAL, fence the old primary for good, point the other
-        standbys at the new primary and build a new standby where the old primary was."""
-        candidates = [g for g in inst.standbys if g.info.state == "running" and g.endpoint is not None]
-        if not candidates:
-            raise GuestNotReady(f"{inst.name}: no running standby to promote")
-        positions: dict[str, int] = {}
-        promoted: list[Guest] = []  # by an earlier attempt that failed after pg_promote
-        for guest in candidates:
-            try:
-                with self.fleet.connect(guest, timeout_s=5) as conn:
-                    recovering, position = replication.wal_position(conn)
-            except psycopg.Error as exc:
-                log.warning("%s: standby %s not reachable for failover: %s", inst.name, guest.name, exc)
-                continue
-            if recovering:
-                positions[guest.name] = position
-            else:
-                promoted.append(guest)
-        if promoted:
-            # Never promote a second one: finish the failover to the one that already is.
-            best = promoted[0]
-            log.warning("%s: %s on %s was already promoted; finishing that failover",
-                        inst.name, best.name, best.info.host)
-        elif not positions:
-            raise GuestNotReady(f"{inst.name}: none of its standbys answers; cannot fail over")
-        else:
-            best = max(candidates, key=lambda g: positions.get(g.name, -2))
-            log.warning("%s: failing over to %s on %s (received WAL up to position %d)",
-                        inst.name, best.name, best.info.host, positions[best.name])
-        others = [g for g in inst.standbys if g.name != best.name]
-
-        # Fence first: the old primary must never run again as a second primary.
-        old = inst.primary
-        if old is not None:
-            progress(old.name, "fencing the old primary (removing its guest)", 0.1)
-            remove_guest(self.fleet, old.info)
-
-        if best not in promoted:
-            progress(best.name, "promoting", 0.3)
-            with self.fleet.connect(best, timeout_s=10) as conn:
-                if not replication.promote(conn, 300):
-                    raise GuestNotReady(f"{inst.name}: {best.name} did not finish promotion in 300 s")
-        meta = best.info.metadata
-        self.fleet.hosts[best.info.host].set_metadata(best.name, replace(meta, role="primary", standby=0))
-        new_primary = self.provisioner.wait_sql(self.fleet.config.host(best.info.host), best.name, progress)
-
-        # The replacement takes the old primary's name, host and CPUs, and the promoted
-        # standby's place in the sync order.
-        replacement: tuple[HostConfig, str, int] | None = None
-        if old is not None:
-            replacement = (self.fleet.config.host(old.info.host), old.name, meta.standby)
-        order = sorted([(g.info.metadata.standby, g.name) for g in others]
-                       + ([(replacement[2], replacement[1])] if replacement else []))
-        sync_names = self.provisioner.sync_names([n for _, n in order])
-        with self.fleet.connect(new_primary) as conn:
-            for guest in others:
-                replication.create_slot(conn, slot_name(guest.name))
-            replication.set_synchronous_standby_names(conn, sync_names)
-        for guest in others:
-            if guest.info.state == "running" and guest.endpoint is not None:
-                self.follow(guest, new_primary)
-        if replacement is not None:
-            host, name, number = replacement
-            progress(name, f"building a new standby on {host.name}", 0.5)
-            self.build_standby(new_primary, host, name, number, progress)
-        return new_primary
-
-    def follow(self, standby: Guest, primary: Guest) -> None:
-        """Point a running standby at a new primary (PostgreSQL 13+ applies this on reload)."""
-        assert primary.address is not None
-        with self.fleet.connect(standby, timeout_s=10) as conn:
-            replication.follow(conn, primary.address, standby.name, slot_name(standby.name),
-                               self.fleet.credentials.replication_password)
+        occupied = {g.info.host for g in inst.guests}
+        free = [(h, n) for h, n in slots if h.name not in occupied and h.name not in unreachable
+                and n not in {g.name for g in inst.guests}]
+        short = need - len(free)
+        lacking = ""
+        if short > 0:
+            down = f" ({', '.join(sorted(unreachable))} not answering)" if unreachable else ""
+            lacking = (f"{inst.name} is {short} standby(s) short of {wanted}: no host of its placement answers and "
+                       f"holds none of its guests{down}; commits go on with the standbys it has, and the missing "
+                       "one is built when a host is back")
+        return free[:need], lacking
 
     # -- whole instance ------------------------------------------------------------------------
 
-    def repair(self, index: int, policy: str, progress: Progress = no_progress) -> RepairResult:
+    def repair(self, index: int, policy: str, host_lost: bool = False, isolated: bool = False,
+               progress: Progress = no_progress) -> RepairResult:
         """Bring instance `index` back to a running primary with all its standbys streaming.
-        Returns what was done. Call with the instance held (fleet.locks.exclusive)."""
+
+        `host_lost`: the primary's host has not answered for recovery.host_timeout_s (fail over);
+        `isolated`: the primary answers but has had no synchronous standby for that long while its
+        standbys answer (fail over). RepairIncomplete says what was done before a step failed.
+        Call with the instance held (fleet.locks.exclusive)."""
         done: list[RepairStep] = []
+        try:
+            return self._repair(index, policy, host_lost, isolated, progress, done)
+        except PgcarveError as exc:
+            if done:
+                raise RepairIncomplete(exc, tuple(done)) from exc
+            raise
+
+    def _repair(self, index: int, policy: str, host_lost: bool, isolated: bool, progress: Progress,
+                done: list[RepairStep]) -> RepairResult:
         inst = self.current(index)
         if inst is None:
             return RepairResult()
+        record = self.fleet.sync_records.get(inst.name)
         primary = inst.primary
-        old_name = primary.name if primary else inst.name
-        if primary is None or primary.info.state not in ("running", "paused"):
+        if record is not None and record.failover_to is not None:
+            done.append(self._fail_over(inst, progress, "a failover a previous manager started"))
+        elif primary is None or primary.info.state not in ("running", "paused") or isolated:
             running_standbys = [g for g in inst.standbys if g.info.state == "running"]
-            if policy == "failover" and running_standbys:
-                new = self.failover(inst, progress)
-                done.append(RepairStep(old_name, Action.FAILOVER,
-                                       f"failed over from {old_name} to {new.name} on {new.info.host}; "
-                                       f"{old_name} rebuilt as a standby"))
-            elif primary is None:
-                if not running_standbys:
-                    raise GuestNotReady(f"{inst.name}: no primary and no running standby; nothing to recover from")
-                new = self.failover(inst, progress)
-                done.append(RepairStep(old_name, Action.FAILOVER,
-                                       f"primary guest missing: failed over to {new.name} on {new.info.host}"))
+            if primary is None or host_lost or isolated or primary.info.state == "unreachable":
+                why = ("its host does not answer" if host_lost or primary is None or primary.info.state == "unreachable"
+                       else "it has had no synchronous standby while they answer")
+                done.append(self._fail_over(inst, progress, why))
+            elif policy == "failover" and running_standbys:
+                done.append(self._fail_over(inst, progress, "recovery.primary is failover"))
             else:
                 try:
                     self.restart(primary, progress)
-                    done.append(RepairStep(old_name, Action.RESTART,
+                    done.append(RepairStep(primary.name, Action.RESTART,
                                            f"restarted {primary.name} from its disk on {primary.info.host}"))
                 except PgcarveError as exc:
                     if not running_standbys:
                         raise
                     log.error("%s: restarting %s failed (%s); failing over instead", inst.name, primary.name, exc)
-                    new = self.failover(self.current(index) or inst, progress)
-                    done.append(RepairStep(old_name, Action.FAILOVER,
-                                           f"could not restart {primary.name} ({exc}); failed over to {new.name}"))
-            inst = self.current(index)
-            if inst is None or inst.primary is None:
-                raise GuestNotReady(f"instance {index} has no primary after recovery")
+                    done.append(self._fail_over(self.current(index) or inst, progress,
+                                                f"it could not be restarted ({exc})"))
+        inst = self.current(index)
+        if inst is None or inst.primary is None:
+            raise GuestNotReady(f"instance {index} has no primary after recovery")
         primary = inst.primary
-        assert primary is not None
         if primary.endpoint is None:
             primary = self.provisioner.wait_sql(self.fleet.config.host(primary.info.host), primary.name, progress)
+        with self.fleet.locks.welcome_keeper(index):  # the primary stays: the sync set may be kept
+            done += self._mend_standbys(inst, primary, progress)
+            final = self.current(index)
+            if final is not None and final.primary is not None and final.standbys and done:
+                primary_now = final.primary
+                streaming = [g.name for g in final.standbys if g.info.state == "running"]
+                if primary_now.endpoint is not None and streaming:
+                    self.provisioner.wait_streaming(primary_now, streaming, progress)
+        return RepairResult(tuple(done))
+
+    def _fail_over(self, inst: Instance, progress: Progress, why: str) -> RepairStep:
+        old = inst.primary.name if inst.primary else inst.name
+        outcome = self.failover.run(inst, progress=progress)
+        return RepairStep(outcome.old_primary or old, Action.FAILOVER, f"{outcome.message}: {why}")
+
+    def _mend_standbys(self, inst: Instance, primary: Guest, progress: Progress) -> list[RepairStep]:
+        """Rejoin former primaries, restart or rebuild stopped standbys, point detached ones at the
+        primary, build missing ones; all at once."""
+        unreachable = self.fleet.unreachable_hosts()
+        # Standby numbers (sync priority order) not taken, for rejoined and rebuilt standbys alike.
+        used = {g.info.metadata.standby for g in inst.standbys}
+        numbers = iter(n for n in range(1, len(inst.guests) + self.fleet.config.replication.standbys + 1)
+                       if n not in used)
+
+        def rejoin(guest: Guest, number: int) -> RepairStep:
+            self.provisioner.rejoin(guest, primary, number, progress)
+            return RepairStep(guest.name, Action.REJOIN, f"{guest.name}, the former primary, rejoined as a standby "
+                                                         f"of {primary.name} (rewound, its disk kept)")
 
         def bring_back(guest: Guest) -> RepairStep:
             try:
-                self.restart(guest, progress)
-                return RepairStep(guest.name, Action.RESTART,
-                                  f"restarted standby {guest.name} from its disk on {guest.info.host}")
+                restarted = self.restart(guest, progress)
             except PgcarveError as exc:
                 log.error("%s: standby %s did not come back (%s); rebuilding it", inst.name, guest.name, exc)
                 host = self.fleet.config.host(guest.info.host)
                 self.rebuild_standby(primary, host, guest.name, guest.info.metadata.standby, progress)
                 return RepairStep(guest.name, Action.REBUILD,
                                   f"rebuilt standby {guest.name} on {guest.info.host} (restart failed: {exc})")
+            # A failover while it was down left it following a primary that is gone: point it at
+            # this one now (a no-op when it already does), or the wait for streaming below waits
+            # out its whole timeout. If it cannot follow, the next sweep rewinds it after the grace.
+            try:
+                self.failover.follow(restarted, primary)
+            except psycopg.Error as exc:
+                raise GuestNotReady(f"{guest.name} restarted but could not be pointed at {primary.name}: "
+                                    f"{exc}") from exc
+            self._refollowed[guest.name] = time.monotonic()
+            return RepairStep(guest.name, Action.RESTART,
+                              f"restarted standby {guest.name} from its disk on {guest.info.host}")
 
         def rebuild(host: HostConfig, name: str, number: int) -> RepairStep:
             self.rebuild_standby(primary, host, name, number, progress)
             return RepairStep(name, Action.REBUILD, f"rebuilt missing standby {name} on {host.name}")
 
-        stopped = [g for g in inst.standbys if g.info.state not in ("running", "paused")]
-        missing = self.missing_standbys(inst)
-        if stopped or missing:
-            with ThreadPoolExecutor(max_workers=len(stopped) + len(missing)) as pool:
-                futures = [pool.submit(bring_back, g) for g in stopped]
-                futures += [pool.submit(rebuild, *m) for m in missing]
+        def refollow(guest: Guest) -> RepairStep:
+            self.failover.follow(guest, primary)
+            self._refollowed[guest.name] = time.monotonic()
+            return RepairStep(guest.name, Action.FOLLOW, f"{guest.name} follows {primary.name} again")
+
+        def rewind(guest: Guest, number: int) -> RepairStep:
+            self.provisioner.rejoin(guest, primary, number, progress)
+            self._refollowed.pop(guest.name, None)
+            return RepairStep(guest.name, Action.REJOIN, f"{guest.name} could not follow {primary.name} (its WAL "
+                                                         "went past where the two diverged); rewound onto it")
+
+        work: list[tuple[Callable[..., RepairStep], tuple[object, ...]]] = []
+        for guest in inst.stale:
+            if guest.info.host not in unreachable and guest.info.state != "unreachable":
+                work.append((rejoin, (guest, next(numbers))))
+        for guest in inst.standbys:
+            if guest.info.state in ("running", "paused", "unreachable") or guest.info.host in unreachable:
+                continue
+            work.append((bring_back, (guest,)))
+        detached = self._detached(inst, primary)
+        for guest in inst.standbys:
+            if guest not in detached:
+                self._refollowed.pop(guest.name, None)  # it receives: nothing to remember
+        for guest in detached:
+            followed_at = self._refollowed.get(guest.name)
+            if followed_at is None:
+                work.append((refollow, (guest,)))
+            elif time.monotonic() - followed_at > REFOLLOW_GRACE_S:
+                work.append((rewind, (guest, guest.info.metadata.standby)))
+        missing, lacking = self.missing_standbys(inst)
+        work += [(rebuild, (host, name, next(numbers))) for host, name in missing]
+        if lacking:
+            log.warning("%s", lacking)
+        steps: list[RepairStep] = []
+        if work:
+            with ThreadPoolExecutor(max_workers=len(work)) as pool:
+                futures = [pool.submit(fn, *args) for fn, args in work]
                 errors = []
                 for future in futures:
                     try:
-                        done.append(future.result())
+                        steps.append(future.result())
                     except PgcarveError as exc:
                         errors.append(str(exc))
                 if errors:
                     raise GuestNotReady("; ".join(errors))
-        final = self.current(index)
-        if final is not None and final.primary is not None and final.standbys and (stopped or missing or done):
-            primary_now = final.primary
-            if primary_now.endpoint is not None:
-                self.provisioner.wait_streaming(primary_now, [g.name for g in final.standbys], progress)
-        return RepairResult(tuple(done))
+        if lacking and not steps:
+            raise CapacityError(lacking)
+        return steps
+
+    def _detached(self, inst: Instance, primary: Guest) -> list[Guest]:
+        """Running standbys that stream from nobody (detached by a failover that was refused, or
+        following a primary that is gone): they should follow the current primary."""
+        found = []
+        for guest in inst.standbys:
+            if guest.info.state != "running" or guest.endpoint is None:
+                continue
+            try:
+                with self.fleet.connect(guest, timeout_s=3) as conn:
+                    receiving = replication.receiving(conn)
+            except psycopg.Error:
+                continue
+            if not receiving:
+                found.append(guest)
+        return found

@@ -3,16 +3,15 @@
 from __future__ import annotations
 
 import contextlib
+import logging
 
 from pgcarve.control.fleet import Fleet, Instance
+from pgcarve.control.retired import retired_instances
 from pgcarve.errors import PgcarveError
-from pgcarve.naming import instance_name, standby_name
+from pgcarve.naming import disk_volume, instance_name, seed_volume, standby_name, volume_owner
 from pgcarve.virt.host import GuestInfo
 
-
-def volumes_of(guest: str) -> tuple[str, str]:
-    """A guest's disk and seed volumes."""
-    return f"{guest}.qcow2", f"{guest}-seed.iso"
+log = logging.getLogger(__name__)
 
 
 def remove_guest(fleet: Fleet, info: GuestInfo) -> None:
@@ -20,15 +19,19 @@ def remove_guest(fleet: Fleet, info: GuestInfo) -> None:
     lv = fleet.hosts[info.host]
     fleet.planned_stops.will_stop(info.name)
     lv.destroy(info.name)
-    for volume in volumes_of(info.name):
+    for volume in (disk_volume(info.name), seed_volume(info.name)):
         lv.storage.delete_volume(volume)
     fleet.forwards.remove(info.name)
 
 
 def remove_instance(fleet: Fleet, instance: Instance) -> None:
-    """Power off and delete a primary, its standbys and their disks (no data kept)."""
-    for guest in (*instance.standbys, *((instance.primary,) if instance.primary else ())):
+    """Power off and delete a primary, its standbys and their disks (no data kept), then its
+    synchronous-set record and its passwords: an instance made later under the same name gets
+    new ones."""
+    for guest in (*instance.standbys, *instance.stale, *((instance.primary,) if instance.primary else ())):
         remove_guest(fleet, guest.info)
+    fleet.sync_records.remove(instance.name)
+    fleet.secrets.remove(instance.name)
 
 
 def discard_instance(fleet: Fleet, index: int) -> None:
@@ -41,20 +44,23 @@ def discard_instance(fleet: Fleet, index: int) -> None:
             fleet.planned_stops.will_stop(name)
             with contextlib.suppress(PgcarveError):
                 host.destroy(name)
-            for volume in volumes_of(name):
+            for volume in (disk_volume(name), seed_volume(name)):
                 with contextlib.suppress(PgcarveError):
                     host.storage.delete_volume(volume)
             fleet.forwards.remove(name)
+    fleet.sync_records.remove(instance_name(fleet_name, index))
+    fleet.secrets.remove(instance_name(fleet_name, index))
 
 
 def discard_half_made(fleet: Fleet) -> list[str]:
     """After a manager crash: remove what a killed operation left half-built (guests still
     marked "creating"), and volumes of this fleet that no guest uses.
 
-    An instance whose guests are *all* marked was being created by a scale-up and never
-    finished: it never held an acknowledged commit, so it goes whole. Otherwise the instance
-    holds data: only a standby that was being rebuilt goes (the HA loop builds it again),
-    and a primary still marked is one whose marking was cut short, so it is marked complete.
+    An instance whose guests are *all* marked was being created by a scale-up that never got
+    past its primary's first answer (the primary's mark goes before any standby exists:
+    control/provisioning.py): it never acknowledged a commit, so it goes whole. Otherwise the
+    instance may hold acknowledged commits and stays: only standbys still being built go (the
+    HA loop builds them again), and a primary still marked is marked complete.
 
     Call before any operation runs (manager start, `pgcarve up`): it assumes nothing is being
     built right now."""
@@ -77,13 +83,38 @@ def discard_half_made(fleet: Fleet) -> list[str]:
                                "(the instance keeps its data; the standby is built again)")
             else:
                 fleet.hosts[guest.host].mark_complete(guest.name)
+    removed += _orphan_volumes(fleet)
+    return removed
+
+
+# A disk that never booted holds the overlay's header and little more; a booted guest's disk
+# holds its logs, WAL and data, far beyond this.
+NEVER_BOOTED_MIB = 16
+
+
+def _orphan_volumes(fleet: Fleet) -> list[str]:
+    """Delete volumes of this fleet that no guest uses and that hold no data: seeds, and disks
+    that never booted (a manager killed between creating a disk and defining its guest).
+    Retired disks (control/retired.py) stay, and so does any other disk that holds data:
+    someone may have undefined its guest by hand; deleting it is for an operator to decide."""
     prefix = f"{fleet.config.fleet}-"
+    retired = {(r.host, r.name) for inst in retired_instances(fleet) for r in inst.guests}
+    removed = []
     for host_name, lv in fleet.hosts.items():
-        for volume in sorted(lv.storage.volume_names()):
-            owner = volume.removesuffix(".qcow2").removesuffix("-seed.iso")
-            if volume.startswith(prefix) and owner != volume and not lv.defined(owner):
-                lv.storage.delete_volume(volume)
-                removed.append(f"volume {volume} on {host_name} (no guest uses it)")
+        orphans = [(v, owner) for v in sorted(lv.storage.volume_names()) if v.startswith(prefix)
+                   for owner in (volume_owner(v),)
+                   if owner is not None and (host_name, owner) not in retired and not lv.defined(owner)]
+        sizes = lv.storage.allocations_mib([v for v, owner in orphans if v == disk_volume(owner)])
+        holding = {owner for v, owner in orphans if sizes.get(v, 0) > NEVER_BOOTED_MIB}
+        for owner in sorted(holding):
+            log.warning("host %s: disk %s (%d MiB) belongs to no guest and holds data; kept with its seed "
+                        "(delete them with virsh vol-delete if they are not needed)", host_name,
+                        disk_volume(owner), sizes[disk_volume(owner)])
+        for volume, owner in orphans:
+            if owner in holding:
+                continue
+            lv.storage.delete_volume(volume)
+            removed.append(f"volume {volume} on {host_name} (no guest uses it)")
     return removed
 
 

@@ -1,29 +1,26 @@
 """Deciding and doing a scale to N instances.
 
-`plan_scale` decides from an immutable snapshot (the instances libvirt has now) what to create
-and what to remove; `Scaler.scale` does it through the fleet. Scale-up creates instances in
-parallel. Scale-down removes the highest-numbered instances, each only after new writes to its
-primary are refused and its synchronous standby has replayed everything the primary wrote.
+`plan_scale` decides from an immutable snapshot (the instances libvirt has now, and the retired
+ones whose disks are kept) what to bring back, create and retire; `Scaler.scale` does it through
+the fleet. Scale-down retires the highest-numbered instances (control/retirement.py: fenced,
+caught up, guests undefined, disks kept); scale-up brings retired instances back from their own
+disks before it creates anything new. Instances come up in parallel.
 """
 
 from __future__ import annotations
 
 import logging
 import threading
-import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-
-import psycopg
 
 from pgcarve.control.capacity import check_capacity
 from pgcarve.control.fleet import Fleet, Instance, Progress, no_progress
 from pgcarve.control.provisioning import Provisioner
-from pgcarve.control.removal import remove_instance
-from pgcarve.errors import Conflict, GuestNotReady
+from pgcarve.control.retirement import RetiredInstance, retire_instance, retired_instances, revive_instance
+from pgcarve.errors import Conflict
 from pgcarve.naming import instance_name
-from pgcarve.postgres import replication
 
 log = logging.getLogger("pgcarve.control.scaler")
 
@@ -31,24 +28,28 @@ log = logging.getLogger("pgcarve.control.scaler")
 @dataclass(frozen=True)
 class ScalePlan:
     target: int
-    create: tuple[int, ...]  # instance numbers to create
-    remove: tuple[int, ...]  # instance numbers to remove, highest first
+    create: tuple[int, ...]  # instance numbers to create new
+    revive: tuple[int, ...] = ()  # retired instance numbers to bring back from their disks
+    retire: tuple[int, ...] = ()  # instance numbers to retire, highest first
 
 
-def plan_scale(instances: Sequence[Instance], target: int) -> ScalePlan:
-    """Instances are numbered 1..target; anything above target goes, anything missing comes."""
+def plan_scale(instances: Sequence[Instance], target: int, retired: Sequence[int] = ()) -> ScalePlan:
+    """Instances are numbered 1..target: anything above target retires; anything missing comes
+    back from its kept disks if it was retired, else is created."""
     present = {inst.index for inst in instances}
-    create = tuple(i for i in range(1, target + 1) if i not in present)
-    remove = tuple(sorted((i for i in present if i > target), reverse=True))
-    return ScalePlan(target=target, create=create, remove=remove)
+    missing = [i for i in range(1, target + 1) if i not in present]
+    return ScalePlan(target=target,
+                     create=tuple(i for i in missing if i not in retired),
+                     revive=tuple(i for i in missing if i in retired),
+                     retire=tuple(sorted((i for i in present if i > target), reverse=True)))
 
 
 class Scaler:
     """Runs one scale at a time for a fleet (a second concurrent call gets Conflict)."""
 
-    def __init__(self, fleet: Fleet, max_parallel: int = 8):
+    def __init__(self, fleet: Fleet, max_parallel: int = 8, provisioner: Provisioner | None = None):
         self.fleet = fleet
-        self.provisioner = Provisioner(fleet)
+        self.provisioner = provisioner or Provisioner(fleet)
         self.max_parallel = max_parallel
         self._busy = threading.Lock()
 
@@ -58,12 +59,17 @@ class Scaler:
         if not self._busy.acquire(blocking=False):
             raise Conflict("another scale operation is running")
         try:
-            plan = plan_scale(self.fleet.observe(with_endpoints=False), target)
-            for index in plan.remove:
+            retired = {r.index: r for r in retired_instances(self.fleet)}
+            plan = plan_scale(self.fleet.observe(with_endpoints=False), target, tuple(retired))
+            for index in plan.retire:
                 self.retire(self.fleet.instance(instance_name(self.fleet.config.fleet, index)), progress)
-            if plan.create:
-                with ThreadPoolExecutor(max_workers=min(self.max_parallel, len(plan.create))) as pool:
-                    futures = [pool.submit(self._create, i, progress) for i in plan.create]
+            work: list[Callable[[], object]] = [
+                *(lambda r=retired[i]: self._revive(r, progress) for i in plan.revive),
+                *(lambda i=i: self._create(i, progress) for i in plan.create),
+            ]
+            if work:
+                with ThreadPoolExecutor(max_workers=min(self.max_parallel, len(work))) as pool:
+                    futures = [pool.submit(job) for job in work]
                     errors = []
                     for future in futures:
                         try:
@@ -82,37 +88,19 @@ class Scaler:
             self.provisioner.create_instance(index, progress)
         except Exception as exc:
             # Say so at once: the operation only fails after its other instances finish.
-            log.error("creating %s failed (its guests and disks were removed): %s", name, exc)
+            log.error("creating %s failed: %s", name, exc)
             progress(name, f"failed: {exc}", 1.0)
             raise
 
-    def retire(self, instance: Instance, progress: Progress = no_progress, timeout_s: float = 120) -> None:
-        """Remove an instance without losing an acknowledged commit that the fleet would keep.
+    def _revive(self, retired: RetiredInstance, progress: Progress) -> None:
+        try:
+            revive_instance(self.provisioner, retired, progress)
+        except Exception as exc:
+            log.error("bringing %s back from retirement failed (its disks are kept, still retired): %s",
+                      retired.name, exc)
+            progress(retired.name, f"failed: {exc}", 1.0)
+            raise
 
-        New writes are refused first (read-only default, other sessions ended), then we wait
-        until the synchronous standbys have replayed the primary's last WAL position. The
-        instance's data goes with it: scale-down removes whole instances.
-        """
-        with self.fleet.locks.exclusive(instance.index, "removing"):
-            self._retire(instance, progress, timeout_s)
-
-    def _retire(self, instance: Instance, progress: Progress, timeout_s: float) -> None:
-        primary = instance.primary
-        if primary is not None and primary.info.state == "running" and instance.standbys:
-            progress(instance.name, "refusing new writes", 0.2)
-            standbys = [s.name for s in instance.standbys]
-            try:
-                with self.fleet.connect(primary) as conn:
-                    lsn = replication.refuse_writes(conn)
-                    progress(instance.name, "waiting for standbys to replay", 0.5)
-                    deadline = time.monotonic() + timeout_s
-                    while not replication.synchronous_standbys_at(conn, standbys, lsn):
-                        if time.monotonic() > deadline:
-                            raise GuestNotReady(f"{instance.name}: no synchronous standby replayed up to {lsn} "
-                                                f"in {timeout_s:.0f} s; instance kept")
-                        time.sleep(0.2)
-            except psycopg.Error as exc:
-                raise GuestNotReady(f"{instance.name}: could not fence writes before removal: {exc}") from None
-        progress(instance.name, "removing guests and disks", 0.8)
-        remove_instance(self.fleet, instance)
-        progress(instance.name, "removed", 1.0)
+    def retire(self, instance: Instance, progress: Progress = no_progress) -> RetiredInstance:
+        """Retire an instance without losing an acknowledged commit; its disks are kept."""
+        return retire_instance(self.fleet, instance, progress, self.fleet.config.replication.retire_catch_up_s)

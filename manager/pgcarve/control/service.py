@@ -12,23 +12,29 @@ import contextlib
 import logging
 import threading
 import time
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from typing import Any
 
 from pgcarve.config import FleetConfig
 from pgcarve.control.capacity import check_capacity
 from pgcarve.control.collector import Collector, Target
-from pgcarve.control.fleet import Fleet, Instance
+from pgcarve.control.endpoints import instance_endpoints
+from pgcarve.control.failover import Failover
+from pgcarve.control.fleet import Fleet, Instance, Progress
 from pgcarve.control.operations import Operation, OperationQueue
 from pgcarve.control.rates import RateTracker, Snapshot
 from pgcarve.control.removal import discard_half_made
+from pgcarve.control.retired import RetiredInstance, retired_doc, retired_instances
+from pgcarve.control.retirement import finish_interrupted, purge
 from pgcarve.control.scaler import Scaler
 from pgcarve.control.supervisor import Incident, Supervisor
+from pgcarve.control.switchover import Switchover
 from pgcarve.control.waits import WaitBreakdown, WaitSampler, breakdown_of
-from pgcarve.errors import CapacityError, ConfigError, NotFound, PgcarveError
+from pgcarve.errors import ConfigError, Conflict, NotFound, PgcarveError
 from pgcarve.naming import application_name
 from pgcarve.planning.planner import explain, plan_host, plan_to_dict
-from pgcarve.postgres.session import ADMIN_USER
+from pgcarve.postgres.conninfo import admin_conninfo
+from pgcarve.postgres.session import APP_DATABASE, APP_USER
 from pgcarve.postgres.statistics import StandbyState
 from pgcarve.settings import Paths
 from pgcarve.virt.events import start_event_loop
@@ -43,6 +49,7 @@ class FleetView:
     instances: tuple[Instance, ...]
     observed_at: float
     error: str | None = None
+    retired: tuple[RetiredInstance, ...] = ()  # kept disks, no guests (control/retired.py)
 
 
 class ManagerService:
@@ -63,12 +70,14 @@ class ManagerService:
         self.refresh_s = refresh_s
         self._view = FleetView(instances=(), observed_at=0.0)
         self._view_lock = threading.Lock()
-        self._docs: tuple[tuple[object, ...], list[dict[str, Any]]] | None = None
+        # include_retired -> (what the documents were built from, the documents)
+        self._docs: dict[bool, tuple[tuple[object, ...], list[dict[str, Any]]]] = {}
         self._refresh_wanted = threading.Event()
         self._stop = threading.Event()
         self._refresher = threading.Thread(target=self._refresh_loop, name="pgcarve-refresh", daemon=True)
         self._scale_lock = threading.Lock()
-        self.supervisor = Supervisor(self.fleet, on_change=self._refresh_wanted.set) if supervise else None
+        self.supervisor = (Supervisor(self.fleet, on_change=self._refresh_wanted.set,
+                                      view=lambda: self.view.instances) if supervise else None)
 
     # -- lifecycle ---------------------------------------------------------------------------
 
@@ -76,6 +85,8 @@ class ManagerService:
         if self.supervisor is not None:
             start_event_loop()  # before any connection, so every connection notices a restarted libvirtd
         try:
+            for what in finish_interrupted(self.fleet):
+                log.warning("%s, left half-way by a manager that stopped in the middle of an operation", what)
             for what in discard_half_made(self.fleet):
                 log.warning("removed %s, left by a manager that stopped in the middle of an operation", what)
         except PgcarveError as exc:
@@ -108,11 +119,13 @@ class ManagerService:
 
     def refresh(self) -> FleetView:
         try:
-            view = FleetView(instances=tuple(self.fleet.observe()), observed_at=time.time())
+            view = FleetView(instances=tuple(self.fleet.observe()), observed_at=time.time(),
+                             retired=tuple(retired_instances(self.fleet)))
         except PgcarveError as exc:
             log.error("could not observe the fleet: %s", exc)
             with self._view_lock:
-                view = FleetView(self._view.instances, self._view.observed_at, error=str(exc))
+                view = FleetView(self._view.instances, self._view.observed_at, error=str(exc),
+                                 retired=self._view.retired)
         with self._view_lock:
             self._view = view
         return view
@@ -130,15 +143,14 @@ class ManagerService:
             return self._view
 
     def _targets(self) -> list[Target]:
-        creds = self.fleet.credentials
+        password, tls = self.fleet.credentials.admin_password, self.fleet.client_tls
         targets = []
         for inst in self.view.instances:
             guest = inst.primary
             if guest is not None and guest.endpoint is not None:
                 host, port = guest.endpoint
-                dsn = (f"host={host} port={port} user={ADMIN_USER} password={creds.admin_password} "
-                       "dbname=postgres connect_timeout=3")
-                targets.append(Target(instance=inst.name, host=guest.info.host, dsn=dsn))
+                targets.append(Target(instance=inst.name, host=guest.info.host,
+                                      dsn=admin_conninfo(host, port, password, tls)))
         return targets
 
     # -- reads -------------------------------------------------------------------------------
@@ -163,16 +175,20 @@ class ManagerService:
     def replication(self, instance: str) -> list[StandbyState]:
         return self.collector.replication(instance) if self.collector else []
 
-    def instance_docs(self) -> list[dict[str, Any]]:
-        """Every instance's document. Built once per change of what they are made of (a view
-        refresh, a collector round, an incident) and shared by every read until then: the same
-        list object while nothing changed, so callers may cache what they derive from it."""
+    def instance_docs(self, include_retired: bool = False) -> list[dict[str, Any]]:
+        """Every instance's document (retired ones too if asked). Built once per change of what
+        they are made of (a view refresh, a collector round, an incident) and shared by every read
+        until then: the same list object while nothing changed, so callers may cache what they
+        derive from it."""
         key = self._docs_key()
-        cached = self._docs
+        cached = self._docs.get(include_retired)
         if cached is not None and cached[0] == key:
             return cached[1]
-        docs = [self._instance_doc(inst) for inst in self.view.instances]
-        self._docs = (key, docs)
+        view = self.view
+        docs = [self._instance_doc(inst) for inst in view.instances]
+        if include_retired:
+            docs = sorted(docs + [retired_doc(r) for r in view.retired], key=lambda d: str(d["name"]))
+        self._docs[include_retired] = (key, docs)
         return docs
 
     def _docs_key(self) -> tuple[object, ...]:
@@ -181,35 +197,57 @@ class ManagerService:
                 tuple((i.id, i.status, i.message) for i in incidents))
 
     def instance_doc(self, name: str) -> dict[str, Any]:
-        for inst in self.view.instances:
+        view = self.view
+        for inst in view.instances:
             if inst.name == name:
                 return self._instance_doc(inst)
+        for retired in view.retired:
+            if retired.name == name:
+                return retired_doc(retired)
         raise NotFound(f"no instance named {name!r}")
+
+    def instance_credentials(self, name: str) -> dict[str, str]:
+        """The instance's application login: {user, password, database}."""
+        self.instance_doc(name)  # NotFound for an instance that does not exist
+        secrets = self.fleet.instance_secrets(name)
+        return {"user": APP_USER, "password": secrets.app_password, "database": APP_DATABASE}
 
     def _instance_doc(self, inst: Instance) -> dict[str, Any]:
         primary = inst.primary
         rows = {r.application_name: r for r in self.replication(inst.name)}
         standbys = []
         for guest in inst.standbys:
-            row = rows.get(application_name(guest.name))
+            # A primary lists a dead standby's walsender until wal_sender_timeout: a row counts
+            # only for a running guest that is not being built again under the same name.
+            row = rows.get(application_name(guest.name)) if guest.info.state == "running" else None
+            if guest.info.creating:
+                state, row = "building", None
+            elif row and row.state:
+                state = row.state
+            else:
+                state = "not streaming" if guest.info.state == "running" else guest.info.state
             standbys.append({
                 "name": guest.name, "host": guest.info.host,
-                "state": row.state if row and row.state else ("not streaming" if guest.info.state == "running"
-                                                              else guest.info.state),
+                "state": state,
                 "sync_state": row.sync_state if row else None,
                 "replay_lag_bytes": row.lag_bytes if row else None,
             })
         incidents = self.supervisor.open_incidents(inst.name) if self.supervisor else []
+        # Not offered to clients before it is whole: being created or brought back, no DSN.
+        building = self.fleet.locks.busy(inst.index) in ("creating", "reviving")
         return {
             "name": inst.name,
             "host": primary.info.host if primary else None,
             "writes": self._writes(inst, rows),
             "incident": incidents[-1].what + ": " + (incidents[-1].message or incidents[-1].status)
             if incidents else None,
-            "state": primary.info.state if primary else "missing",
+            "state": self.fleet.locks.busy(inst.index) if building else (primary.info.state if primary
+                                                                          else "missing"),
             "vcpus": list(primary.host_cpus) if primary else [],
             "memory_mib": primary.info.memory_mib if primary else 0,
-            "dsn": self.fleet.dsn(primary.endpoint) if primary and primary.endpoint else None,
+            "dsn": self.fleet.dsn(primary.endpoint) if primary and primary.endpoint and not building else None,
+            "endpoints": asdict(endpoints) if not building and (endpoints := instance_endpoints(self.fleet, inst))
+            else None,
             "standbys": standbys,
         }
 
@@ -218,6 +256,13 @@ class ManagerService:
         primary = inst.primary
         if primary is None or primary.info.state != "running":
             return "unavailable: the primary is not running"
+        doing = self.fleet.locks.busy(inst.index)
+        if doing in ("creating", "reviving"):
+            return f"not offered yet: {doing} (the instance is offered once all its standbys stream)"
+        fence = self.collector.write_fence(inst.name) if self.collector else None
+        if fence is not None:
+            return (f"refused: new writes are fenced ({fence}"
+                    f"{', ' + doing if doing else ''}); reads are served")
         if self.config.replication.standbys == 0 or self.config.replication.synchronous_commit in ("off", "local"):
             return "accepted"
         if self.collector is None:
@@ -272,7 +317,43 @@ class ManagerService:
         check_capacity(self.fleet, instances)
         return self.operations.submit("scale", instances)
 
-    def _run_operation(self, op: Operation) -> None:
+    def purge(self, name: str, confirm: str | None) -> dict[str, Any]:
+        """Delete a retired instance's disks for good; `confirm` must repeat its name."""
+        if confirm != name:
+            raise ConfigError(f"purging deletes {name}'s database for good: repeat its name to confirm "
+                              f"(?confirm={name})")
+        busy = self.operations.active()
+        if busy:
+            raise Conflict(f"operation {busy[0].id} ({busy[0].kind}) is {busy[0].status}; purge when it has finished")
+        retired = purge(self.fleet, name)
+        self.refresh()
+        return {"name": retired.name, "purged_mib": retired.disk_mib,
+                "volumes": [f"{g.name} on {g.host}" for g in retired.guests]}
+
+    def _instance(self, name: str) -> Instance:
+        inst = next((i for i in self.view.instances if i.name == name), None)
+        if inst is None:
+            raise NotFound(f"no instance named {name!r}")
+        return inst
+
+    def request_failover(self, name: str, to: str | None, forced: bool) -> Operation:
+        """Queue a failover by hand: to `to`, only if proven to hold every acknowledged commit
+        unless `forced` (then the operation's result says what may be missing)."""
+        inst = self._instance(name)
+        if forced and to is None:
+            raise ConfigError('a forced failover needs the standby to promote: {"to": "<standby>", "force": true}')
+        if to is not None and to not in {g.name for g in inst.standbys}:
+            raise NotFound(f"{name} has no standby {to!r} (standbys: {', '.join(g.name for g in inst.standbys)})")
+        return self.operations.submit("failover", inst.index, {"instance": name, "to": to, "force": forced})
+
+    def request_switchover(self, name: str, to: str | None) -> Operation:
+        """Queue a planned switchover to `to` (default: the synchronous standby)."""
+        inst = self._instance(name)
+        target = Switchover(self.fleet, self.scaler.provisioner).target_of(inst, to)
+        return self.operations.submit("switchover", inst.index, {"instance": name, "to": target.name})
+
+    def _run_operation(self, op: Operation) -> str | None:
+        """Run one queued operation; returns what it did, in words, for the operation's message."""
         lock = threading.Lock()
 
         def progress(name: str, step: str, fraction: float) -> None:
@@ -285,13 +366,40 @@ class ManagerService:
                                        message=f"{name}: {step}")
 
         try:
-            plan = self.scaler.scale(op.target, progress)
-            self.operations.update(op, message=f"created {len(plan.create)}, removed {len(plan.remove)}")
-        except CapacityError:
-            raise
+            if op.kind == "scale":
+                plan = self.scaler.scale(op.target, progress)
+                return (f"created {len(plan.create)}, brought back {len(plan.revive)} from retirement, "
+                        f"retired {len(plan.retire)} (disks kept)")
+            return self._run_role_change(op, progress)
         finally:
             self.refresh()
             self._refresh_wanted.set()
+            if self.supervisor is not None:
+                self.supervisor.sweep_soon()  # a former primary to rejoin, standbys to mend
+
+    def _run_role_change(self, op: Operation, progress: Progress) -> str:
+        """A failover or switchover by hand, holding the instance like a repair does; returns
+        what was done, in words."""
+        name, to = str(op.params["instance"]), op.params.get("to")
+        provisioner = self.scaler.provisioner
+        with self.fleet.locks.exclusive(op.target, f"{op.kind} by hand"):
+            inst = self.fleet.instance(name)
+            if to is not None and inst.primary is not None and inst.primary.name == to:
+                self.operations.update(op, result={"new_primary": to})
+                return f"{to} is already the primary of {name}"
+            if op.kind == "switchover":
+                done = Switchover(self.fleet, provisioner).run(inst, str(to) if to else None, progress)
+                result: dict[str, object] = {"new_primary": done.new_primary, "host": done.host,
+                                             "write_pause_s": done.write_pause_s}
+                message = done.message
+            else:
+                outcome = Failover(self.fleet, provisioner).run(inst, str(to) if to else None,
+                                                                forced=bool(op.params.get("force")), progress=progress)
+                result = {"new_primary": outcome.new_primary, "host": outcome.host, "proven": outcome.proven,
+                          "may_be_missing": outcome.may_be_missing, "reason": outcome.reason}
+                message = outcome.message
+        self.operations.update(op, result=result)
+        return message
 
     def wait_idle(self, timeout_s: float) -> bool:
         return self.operations.wait_idle(timeout_s)

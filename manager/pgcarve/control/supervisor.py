@@ -18,16 +18,33 @@ import queue
 import threading
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 
-from pgcarve.control.fleet import Fleet, Instance
+import psycopg
+
+from pgcarve.control.fleet import Fleet, Guest, Instance, Progress
+from pgcarve.control.primary_watch import PrimaryWatch
 from pgcarve.control.provisioning import Provisioner
-from pgcarve.control.recovery import Action, Repairer
+from pgcarve.control.recovery import Action, Repairer, RepairIncomplete, RepairStep
 from pgcarve.errors import NotFound, PgcarveError
+from pgcarve.postgres import replication
 from pgcarve.virt.events import GuestEvent, LifecycleWatch
 
 log = logging.getLogger("pgcarve.control.supervisor")
+
+
+def repair_progress(index: int) -> Progress:
+    """Each step of an HA-loop repair in the log, once per change (a repair can take minutes:
+    the log says which guest it waits for, and since when)."""
+    said: dict[str, str] = {}
+
+    def progress(guest: str, step: str, _fraction: float) -> None:
+        if said.get(guest) != step:
+            said[guest] = step
+            log.info("instance %d: %s: %s", index, guest, step)
+
+    return progress
 
 
 @dataclass
@@ -56,11 +73,20 @@ class _Pending:
     incidents: list[Incident] = field(default_factory=list)
 
 
+# Faults found by the sweep that change how an instance is repaired (control/recovery.py).
+HOST_LOST = "primary host lost"
+ISOLATED = "primary isolated"
+REJOIN = "former primary to rejoin"
+
+
 class Supervisor:
     def __init__(self, fleet: Fleet, on_change: Callable[[], None] = lambda: None, sweep_s: float = 15.0,
-                 retry_s: float = 30.0):
+                 retry_s: float = 30.0, view: Callable[[], Sequence[Instance]] | None = None):
         self.fleet = fleet
         self.repairer = Repairer(fleet, Provisioner(fleet))
+        # What the sweep looks at: the service's view (refreshed every 2 s), else libvirt itself.
+        self._view = view or (lambda: fleet.observe())
+        self.watch = PrimaryWatch(fleet, self._view)
         self.on_change = on_change
         self.sweep_s = sweep_s
         self.retry_s = retry_s
@@ -73,6 +99,7 @@ class Supervisor:
         self._pending: dict[int, _Pending] = {}  # instance index -> incidents awaiting repair
         self._running: set[int] = set()
         self._last_attempt: dict[int, float] = {}
+        self._earlier: dict[int, list[RepairStep]] = {}  # incident id -> done by attempts that failed
         self._stop = threading.Event()
         self._sweep_now = threading.Event()
         self._watches = [LifecycleWatch(h.name, h.uri, self._events.put, self._connected)
@@ -85,10 +112,12 @@ class Supervisor:
         for watch in self._watches:
             watch.start()
         self._thread.start()
+        self.watch.start()
 
     def stop(self) -> None:
         self._stop.set()
         self._events.put(None)
+        self.watch.stop()
         for watch in self._watches:
             watch.stop()
 
@@ -100,6 +129,11 @@ class Supervisor:
         """Watching every host's events, and the start-up sweep for faults missed while no
         manager ran is done (GET /healthz reports it)."""
         return all(w.connected.is_set() for w in self._watches) and self.sweeps > 0 and not self._sweep_now.is_set()
+
+    def sweep_soon(self) -> None:
+        """Look at the whole fleet now rather than at the next periodic sweep."""
+        self._sweep_now.set()
+        self._events.put(None)
 
     def watching(self, host: str) -> bool:
         return any(w.name == host and w.connected.is_set() for w in self._watches)
@@ -170,9 +204,12 @@ class Supervisor:
         self._schedule(meta.index, [incident])
 
     def _sweep(self) -> None:
-        for inst in self.fleet.observe(with_endpoints=False):
+        # A repair that failed is tried again even when the sweep sees nothing wrong itself (a
+        # standby that runs but does not stream, say): "will try again" must hold.
+        failed = {i.instance for i in self.incidents() if i.status == "failed"}
+        for inst in self._view():
             problems = self._problems(inst)
-            if not problems:
+            if not problems and inst.name not in failed:
                 continue
             if inst.index in self._running or self.fleet.locks.busy(inst.index):
                 continue
@@ -190,20 +227,76 @@ class Supervisor:
 
     def _problems(self, inst: Instance) -> list[tuple[str, str, str, str, str]]:
         """(guest, host, role, what, cause) for each part of the instance that is not as it should be."""
-        members = [*((inst.primary,) if inst.primary else ()), *inst.standbys]
+        members = inst.guests
         if not members or any(g.info.creating or g.info.metadata.created_by != "manager" for g in members):
             return []
+        timeout = self.fleet.config.recovery.host_timeout_s
+        unreachable = self.fleet.unreachable_hosts()
+
+        def lost_for(host: str) -> float:
+            """Seconds the host has not answered (0.0 if it answers)."""
+            return time.time() - unreachable[host][0] if host in unreachable else 0.0
+
         found = []
-        if inst.primary is None:
+        primary = inst.primary
+        record = self.fleet.sync_records.get(inst.name)
+        if primary is None and record is not None and record.primary_host in unreachable:
+            host = record.primary_host
+            if lost_for(host) >= timeout:
+                found.append((record.primary, host, "primary", HOST_LOST,
+                              f"its host {host} has not answered for {lost_for(host):.0f} s"))
+        elif primary is None:
             found.append((inst.name, "?", "primary", "primary missing", "no primary guest is defined"))
-        for guest in members:
-            if guest.info.state not in ("running", "paused"):
+        elif primary.info.state == "unreachable":
+            host = primary.info.host
+            if lost_for(host) >= timeout and not self._logs_in(primary):
+                found.append((primary.name, host, "primary", HOST_LOST,
+                              f"neither libvirtd on {host} nor its PostgreSQL answered for {lost_for(host):.0f} s"))
+        elif primary.info.state == "running" and (alone := self.watch.unconfirmed_for(inst.name)) >= timeout \
+                and self._isolated(inst):
+            found.append((primary.name, primary.info.host, "primary", ISOLATED,
+                          f"no synchronous standby confirmed its commits for {alone:.0f} s while its standbys "
+                          "answer the manager but receive nothing from it"))
+        for guest in inst.stale:
+            if guest.info.state != "unreachable" and guest.info.host not in unreachable:
+                found.append((guest.name, guest.info.host, "primary", REJOIN,
+                              "a failover made another guest the primary; it rejoins as a standby (rewind)"))
+        for guest in (*((primary,) if primary else ()), *inst.standbys):
+            if guest.info.state not in ("running", "paused", "unreachable"):
                 role = guest.info.metadata.role
                 found.append((guest.name, guest.info.host, role, f"{role} not running", f"state {guest.info.state}"))
-        if len(inst.standbys) < self.fleet.config.replication.standbys:
+        wanted = self.fleet.config.replication.standbys
+        if len(inst.standbys) + len(inst.stale) < wanted:
             found.append((inst.name, "?", "standby", "standby missing",
-                          f"{len(inst.standbys)} of {self.fleet.config.replication.standbys} standby guests exist"))
+                          f"{len(inst.standbys)} of {wanted} standby guests exist"))
         return found
+
+    def _logs_in(self, guest: Guest) -> bool:
+        """Does the guest's PostgreSQL accept the manager's login (its last known address)?"""
+        if guest.endpoint is None:
+            return False
+        try:
+            with self.fleet.connect(guest, timeout_s=3):
+                return True
+        except (psycopg.Error, PgcarveError):
+            return False
+
+    def _isolated(self, inst: Instance) -> bool:
+        """Do enough standbys answer, receiving nothing, for a failover to be proven (a primary cut
+        off from its standbys), rather than the standbys being down?"""
+        record = self.fleet.sync_records.get(inst.name)
+        if record is None:
+            return False
+        cut_off = 0
+        for guest in inst.standbys:
+            if guest.name not in record.members or guest.endpoint is None:
+                continue
+            try:
+                with self.fleet.connect(guest, timeout_s=3) as conn:
+                    cut_off += not replication.receiving(conn)
+            except (psycopg.Error, PgcarveError):
+                continue
+        return cut_off >= record.quorum
 
     # -- repairing -----------------------------------------------------------------------------
 
@@ -248,12 +341,21 @@ class Supervisor:
                 incidents = pending.incidents
                 for incident in incidents:
                     incident.attempts += 1
+                host_lost = any(i.what == HOST_LOST for i in incidents)
+                isolated = any(i.what == ISOLATED for i in incidents)
                 with self.fleet.locks.exclusive(index, "recovering from a fault"):
                     try:
-                        result = self.repairer.repair(index, self.policy)
+                        result = self.repairer.repair(index, self.policy, host_lost=host_lost, isolated=isolated,
+                                                      progress=repair_progress(index))
                     except PgcarveError as exc:
                         log.error("instance %d: recovery failed: %s (will try again)", index, exc)
-                        self._finish(incidents, "failed", self.policy, str(exc))
+                        steps = list(exc.steps) if isinstance(exc, RepairIncomplete) else []
+                        for incident in incidents:  # what was done stays the incident's story
+                            done = self._earlier.setdefault(incident.id, [])
+                            done.extend(steps)
+                            self._finish([incident], "failed", _decisive(done).value if done else self.policy,
+                                         "; ".join([*(step.message for step in done), f"then failed: {exc}"])
+                                         if done else str(exc))
                         continue
                     except Exception as exc:  # a bug must not kill the HA loop
                         log.exception("instance %d: recovery crashed", index)
@@ -270,15 +372,20 @@ class Supervisor:
                         if not later.incidents:
                             del self._pending[index]
                 for incident in (*incidents, *settled):
-                    steps = result.for_guest(incident.guest) or list(result.steps)
+                    # Earlier attempts that failed half-way count too (a failover, then a retry).
+                    steps = self._earlier.pop(incident.id, []) + (result.for_guest(incident.guest)
+                                                                  or list(result.steps))
                     message = ("; ".join(step.message for step in steps)
                                or "nothing to do: the instance was already whole")
-                    # The most decisive thing done for this guest names the action.
-                    actions = {step.action for step in steps}
-                    action = next((a for a in (Action.FAILOVER, Action.REBUILD, Action.RESTART) if a in actions),
-                                  Action.NONE)
-                    self._finish([incident], "recovered", action.value, message)
+                    self._finish([incident], "recovered", _decisive(steps).value, message)
         finally:
             with self._lock:
                 self._running.discard(index)
             self.on_change()
+
+
+def _decisive(steps: list[RepairStep]) -> Action:
+    """The most decisive thing done names a repair's action."""
+    actions = {step.action for step in steps}
+    return next((a for a in (Action.FAILOVER, Action.REJOIN, Action.REBUILD, Action.RESTART, Action.FOLLOW)
+                 if a in actions), Action.NONE)

@@ -1,17 +1,29 @@
-"""The fleet's PostgreSQL passwords, kept by the manager in its state directory (mode 0600)."""
+"""PostgreSQL passwords, kept by the manager in its state directory (files of mode 0600).
+
+Two kinds:
+
+* the fleet's: the admin login's password (postgres.session.ADMIN_USER), the same on every guest,
+  used only by the manager (`<state>/secrets.json`);
+* each instance's own (`<state>/instances/<instance>.json`): the application role's password and
+  the replication role's. Knowing one instance's passwords opens no other instance.
+"""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
 import secrets
-from dataclasses import dataclass
+import threading
+from dataclasses import dataclass, field
 from pathlib import Path
 
-from pgcarve.errors import ConfigError
+from pgcarve.errors import ConfigError, NotFound
+from pgcarve.filelock import locked
 
 SECRET_RE = re.compile(r"^[A-Za-z0-9]{16,128}$")
+INSTANCE_FILE_RE = re.compile(r"^[a-z][a-z0-9-]{0,62}$")
 
 
 def new_secret() -> str:
@@ -19,27 +31,107 @@ def new_secret() -> str:
     return secrets.token_hex(24)
 
 
+def _check_secret(value: object, what: str) -> None:
+    if not isinstance(value, str) or not SECRET_RE.fullmatch(value):
+        raise ConfigError(f"credentials: the {what} must be 16-128 letters or digits")
+
+
+def _write_private_json(path: Path, doc: dict[str, str]) -> None:
+    """Write `doc` to `path`, 0600 from its creation, replacing the file atomically."""
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.{threading.get_ident()}.tmp")
+    tmp.unlink(missing_ok=True)
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with os.fdopen(fd, "w") as fh:
+        json.dump(doc, fh)
+        fh.flush()
+        os.fsync(fh.fileno())
+    tmp.replace(path)
+
+
 @dataclass(frozen=True)
 class Credentials:
-    """The admin login's (postgres.session.ADMIN_USER) and the standbys' (REPLICATION_USER) passwords."""
+    """The fleet's admin password (postgres.session.ADMIN_USER): the manager's login everywhere."""
 
-    admin_password: str
-    replication_password: str
+    admin_password: str = field(repr=False)
 
     def __post_init__(self) -> None:
-        for value in (self.admin_password, self.replication_password):
-            if not SECRET_RE.fullmatch(value):
-                raise ConfigError("credentials: passwords must be 16-128 letters or digits")
+        _check_secret(self.admin_password, "admin password")
 
 
 def load_credentials(secrets_file: Path) -> Credentials:
-    """The fleet's passwords, created on first use in a 0600 file."""
+    """The fleet's admin password, created on first use in a 0600 file. (A file from before
+    per-instance credentials also holds a fleet-wide replication password: no guest made now
+    uses it.)"""
     if secrets_file.exists():
         data = json.loads(secrets_file.read_text())
-        return Credentials(admin_password=data["admin_password"], replication_password=data["replication_password"])
-    creds = Credentials(admin_password=new_secret(), replication_password=new_secret())
+        return Credentials(admin_password=data["admin_password"])
+    creds = Credentials(admin_password=new_secret())
     secrets_file.parent.mkdir(parents=True, exist_ok=True)
     fd = os.open(secrets_file, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
     with os.fdopen(fd, "w") as fh:
-        json.dump({"admin_password": creds.admin_password, "replication_password": creds.replication_password}, fh)
+        json.dump({"admin_password": creds.admin_password}, fh)
     return creds
+
+
+@dataclass(frozen=True)
+class InstanceSecrets:
+    """One instance's own passwords: its application role's and its replication role's."""
+
+    app_password: str = field(repr=False)
+    replication_password: str = field(repr=False)
+
+    def __post_init__(self) -> None:
+        _check_secret(self.app_password, "application password")
+        _check_secret(self.replication_password, "replication password")
+
+
+class InstanceSecretStore:
+    """Each instance's passwords, one 0600 file per instance in a 0700 directory.
+
+    Made when the instance's primary is seeded (`create`), read for its standbys and clients
+    (`load`), deleted with the instance (`remove`): a later instance of the same name gets new ones.
+    """
+
+    def __init__(self, directory: Path):
+        self.directory = directory
+
+    def _file(self, instance: str) -> Path:
+        if not INSTANCE_FILE_RE.fullmatch(instance):
+            raise ConfigError(f"{instance!r} is not an instance name")
+        return self.directory / f"{instance}.json"
+
+    def _locked(self) -> contextlib.AbstractContextManager[None]:
+        """Held while a file is made, so two processes seeding at once agree on one set."""
+        return locked(self.directory / ".lock")
+
+    def exists(self, instance: str) -> bool:
+        return self._file(instance).exists()
+
+    def load(self, instance: str) -> InstanceSecrets:
+        """The instance's passwords; NotFound if none were ever made for it."""
+        path = self._file(instance)
+        try:
+            data = json.loads(path.read_text())
+        except FileNotFoundError:
+            raise NotFound(
+                f"no credentials recorded for instance {instance} (expected {path}): it was created before "
+                "per-instance credentials, or by another state directory. Scale it away and create it again "
+                "to give it an application role") from None
+        return InstanceSecrets(app_password=data["app_password"], replication_password=data["replication_password"])
+
+    def load_or_create(self, instance: str) -> InstanceSecrets:
+        """The instance's passwords, made (random, 0600) if it has none yet."""
+        path = self._file(instance)
+        if path.exists():
+            return self.load(instance)
+        with self._locked():
+            if path.exists():
+                return self.load(instance)
+            made = InstanceSecrets(app_password=new_secret(), replication_password=new_secret())
+            _write_private_json(path, {"app_password": made.app_password,
+                                       "replication_password": made.replication_password})
+            return made
+
+    def remove(self, instance: str) -> None:
+        """Forget the instance's passwords (its guests are gone)."""
+        self._file(instance).unlink(missing_ok=True)

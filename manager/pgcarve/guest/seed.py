@@ -1,10 +1,11 @@
-"""What goes into a guest's NoCloud seed: identity, role and PostgreSQL configuration.
+"""What goes into a guest's NoCloud seed: identity, role, TLS and PostgreSQL configuration.
 
 The seed is the only channel from the manager into a new guest. cloud-init's write_files puts
-`instance.json` in /etc/pgcarve/, where the image's pgcarve-guest-setup unit reads it before
-PostgreSQL starts (see images/rootfs/usr/local/sbin/pgcarve-guest-setup). Passwords travel as
-SCRAM-SHA-256 verifiers, never in plain text, except the replication password a standby needs
-to log in to its primary.
+`instance.json` (mode 0600) in /etc/pgcarve/, where the image's pgcarve-guest-setup unit reads it
+before PostgreSQL starts (see images/rootfs/usr/local/sbin/pgcarve-guest-setup). Passwords travel
+as SCRAM-SHA-256 verifiers, never in plain text, except the replication password a standby needs
+to log in to its primary. The guest's server certificate and private key (from the fleet CA) and
+the CA's certificate travel in it too: the key exists only in this seed and in the guest.
 """
 
 from __future__ import annotations
@@ -24,8 +25,10 @@ from typing import Literal
 
 from pgcarve.addresses import check_address, check_network
 from pgcarve.errors import ConfigError
-from pgcarve.guest.credentials import Credentials
+from pgcarve.guest.credentials import Credentials, InstanceSecrets
+from pgcarve.guest.tls import KeyAndCertificate
 from pgcarve.naming import slot_name
+from pgcarve.postgres.session import APP_DATABASE, APP_USER
 
 INSTANCE_NAME_RE = re.compile(r"^[a-z][a-z0-9-]{0,62}$")
 SCRAM_ITERATIONS = 4096
@@ -53,8 +56,11 @@ class GuestSeed:
 
     name: str
     role: Role
-    credentials: Credentials
+    credentials: Credentials  # the fleet's admin password
     allowed_cidrs: tuple[str, ...]
+    secrets: InstanceSecrets = field(repr=False)  # its instance's application and replication passwords
+    tls: KeyAndCertificate = field(repr=False)  # the guest's server key and certificate
+    ca_pem: bytes = field(repr=False)  # the fleet CA's certificate
     synchronous_commit: str = "remote_write"
     synchronous_standby_names: str = ""
     primary_host: str | None = None  # standbys: the primary's address
@@ -62,6 +68,12 @@ class GuestSeed:
     # PostgreSQL clusters in the guest, on ports 5432.. (the benchmark's multi-instance case; the
     # image's pgcarve-clusters makes the ones beyond the first).
     clusters: int = 1
+    # standbys: this guest's data directory was a primary of the instance (fenced or lost in a
+    # failover); rewind it onto primary_host (pg_rewind) instead of cloning a fresh copy.
+    rejoin: bool = False
+    # primaries: stop accepting writes after this long with neither a synchronous standby nor
+    # word from the manager (the guest's watchdog, pgcarve-watchdog).
+    fence_after_s: int = 30
 
     def __post_init__(self) -> None:
         if not INSTANCE_NAME_RE.fullmatch(self.name):
@@ -75,26 +87,44 @@ class GuestSeed:
             if self.primary_host is None:
                 raise ConfigError(f"standby {self.name} needs its primary's address")
             check_address(self.primary_host)
+        elif self.rejoin:
+            raise ConfigError(f"{self.name}: only a standby can rejoin its instance")
         if not 1 <= self.clusters <= MAX_CLUSTERS:
             raise ConfigError(f"{self.name}: clusters must be 1..{MAX_CLUSTERS}, not {self.clusters}")
+        if not 5 <= self.fence_after_s <= 3600:
+            raise ConfigError(f"{self.name}: fence_after_s {self.fence_after_s} must be 5..3600 seconds")
+        for pem, kind in ((self.tls.cert_pem, "CERTIFICATE"), (self.ca_pem, "CERTIFICATE"),
+                          (self.tls.key_pem, "PRIVATE KEY")):
+            if not pem.startswith(f"-----BEGIN {kind}-----".encode()):
+                raise ConfigError(f"the seed for {self.name} needs a PEM {kind.lower()}")
 
     def instance_json(self) -> dict[str, object]:
-        creds = self.credentials
         doc: dict[str, object] = {
             "name": self.name,
             "role": self.role,
             "allowed_cidrs": list(self.allowed_cidrs),
-            "admin_password_scram": scram_verifier(creds.admin_password),
-            "replication_password_scram": scram_verifier(creds.replication_password),
+            "admin_password_scram": scram_verifier(self.credentials.admin_password),
+            "replication_password_scram": scram_verifier(self.secrets.replication_password),
             "synchronous_commit": self.synchronous_commit,
             "synchronous_standby_names": self.synchronous_standby_names,
+            "fence_after_s": self.fence_after_s,
+            "tls_certificate": self.tls.cert_pem.decode(),
+            "tls_private_key": self.tls.key_pem.decode(),
+            "tls_ca": self.ca_pem.decode(),
+            # Every guest lets the application role in (to its own database only): reads go to standbys.
+            "app_user": APP_USER,
+            "app_database": APP_DATABASE,
         }
         if self.clusters > 1:  # absent means one: seeds of ordinary guests stay as they were
             doc["clusters"] = self.clusters
+        if self.role == "primary":
+            # The role and its database are made on the primary's first boot, and replicate.
+            doc["app_password_scram"] = scram_verifier(self.secrets.app_password)
         if self.role == "standby":
             doc["primary_host"] = self.primary_host
-            doc["replication_password"] = creds.replication_password
+            doc["replication_password"] = self.secrets.replication_password
             doc["slot_name"] = slot_name(self.name)
+            doc["rejoin"] = self.rejoin
         return doc
 
     def meta_data(self, instance_id: str) -> str:

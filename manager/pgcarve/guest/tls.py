@@ -13,13 +13,12 @@ from __future__ import annotations
 
 import contextlib
 import datetime as dt
-import fcntl
 import ipaddress
 import os
 import re
 import secrets
-from collections.abc import Iterator, Sequence
-from dataclasses import dataclass
+from collections.abc import Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from cryptography import x509
@@ -28,6 +27,7 @@ from cryptography.hazmat.primitives.asymmetric import ec, rsa
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
 from pgcarve.errors import ConfigError
+from pgcarve.filelock import locked
 
 CA_VALIDITY = dt.timedelta(days=3650)
 SERVER_VALIDITY = dt.timedelta(days=825)  # the longest validity clients (Apple's, browsers) accept
@@ -41,9 +41,9 @@ SigningKey = ec.EllipticCurvePrivateKey | rsa.RSAPrivateKey
 
 @dataclass(frozen=True)
 class KeyAndCertificate:
-    """A private key and its certificate, both PEM."""
+    """A private key and its certificate, both PEM (the key never shows in a repr or a log)."""
 
-    key_pem: bytes
+    key_pem: bytes = field(repr=False)
     cert_pem: bytes
 
 
@@ -208,16 +208,9 @@ class FleetCA:
     def cert_file(self) -> Path:
         return self.directory / "ca.pem"
 
-    @contextlib.contextmanager
-    def _locked(self) -> Iterator[None]:
+    def _locked(self) -> contextlib.AbstractContextManager[None]:
         """Held while the CA is created, so two processes starting at once make one CA."""
-        self.directory.mkdir(parents=True, exist_ok=True, mode=0o755)
-        fd = os.open(self.directory / ".lock", os.O_RDWR | os.O_CREAT, 0o600)
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX)
-            yield
-        finally:
-            os.close(fd)
+        return locked(self.directory / ".lock", directory_mode=0o755)
 
     def ensure(self) -> KeyAndCertificate:
         """The CA's key and certificate: read from the directory, or made there on first use.

@@ -103,20 +103,22 @@ def parse_pgbench(instance: str, output: str, started_at: float, finished_at: fl
 
 
 def run_pgbench(name: str, endpoint: tuple[str, int] | None, password: str, clients: int, jobs: int,
-                seconds: int, script: str = INSERT_SCRIPT, extra_args: tuple[str, ...] = ()) -> PgbenchResult:
+                seconds: int, script: str = INSERT_SCRIPT, extra_args: tuple[str, ...] = (), *,
+                tls: session.ClientTls) -> PgbenchResult:
     """Run pgbench as pgcarve's admin against one instance's PostgreSQL at `endpoint`, in the
-    clients' database, after creating the experiment's table there; bounded by -T seconds."""
+    clients' database, after creating the experiment's table there; bounded by -T seconds.
+    Every session verifies the server's certificate (`tls`)."""
     if not (1 <= clients <= 1000 and 1 <= jobs <= clients and 1 <= seconds <= 3600):
         raise ConfigError("pgbench: need 1 <= jobs <= clients <= 1000 and 1 <= seconds <= 3600")
     if endpoint is None:
         raise PgcarveError(f"{name} has no reachable endpoint")
     host, port = endpoint
-    with session.connect(host, port, password, database=session.CLIENT_DATABASE) as conn:
+    with session.connect(host, port, password, database=session.CLIENT_DATABASE, tls=tls) as conn:
         conn.execute(CREATE_TABLE)
     with tempfile.TemporaryDirectory(prefix="pgcarve-pgbench-") as tmp:
         script_file = Path(tmp) / "insert.sql"
         script_file.write_text(script)
-        env = dict(os.environ, PGPASSWORD=password, PGCONNECT_TIMEOUT="10")
+        env = dict(os.environ, PGPASSWORD=password, PGCONNECT_TIMEOUT="10", **tls.environment())
         started = time.time()
         proc = subprocess.run(
             [pgbench_path(), "-h", host, "-p", str(port), "-U", session.ADMIN_USER, "-M", "prepared", "-n", "-r",
@@ -131,11 +133,11 @@ def run_pgbench(name: str, endpoint: tuple[str, int] | None, password: str, clie
 
 
 def run_concurrently(targets: Sequence[tuple[str, tuple[str, int] | None]], password: str, clients: int, jobs: int,
-                     seconds: int) -> list[PgbenchResult]:
+                     seconds: int, *, tls: session.ClientTls) -> list[PgbenchResult]:
     """pgbench on every (name, endpoint) at the same time."""
     if not targets:
         raise PgcarveError("no running primary to load: create instances first (`pgcarve up --instances N`)")
     with ThreadPoolExecutor(max_workers=len(targets)) as pool:
-        futures = [pool.submit(run_pgbench, name, endpoint, password, clients, jobs, seconds)
+        futures = [pool.submit(run_pgbench, name, endpoint, password, clients, jobs, seconds, tls=tls)
                    for name, endpoint in targets]
         return [f.result() for f in futures]

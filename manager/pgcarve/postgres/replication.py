@@ -14,7 +14,8 @@ from psycopg import sql
 
 from pgcarve.errors import ConfigError
 from pgcarve.naming import application_name
-from pgcarve.postgres.session import REPLICATION_USER, Connection
+from pgcarve.postgres.conninfo import standby_conninfo
+from pgcarve.postgres.session import Connection
 
 SyncMode = Literal["FIRST", "ANY"]
 
@@ -89,17 +90,19 @@ def promote(conn: Connection, wait_s: int = 300) -> bool:
 
 def follow(conn: Connection, primary_address: str, standby_guest: str, slot: str, replication_password: str) -> None:
     """Point a running standby at another primary (PostgreSQL 13+ applies this on reload)."""
-    conninfo = (f"host={primary_address} port=5432 user={REPLICATION_USER} "
-                f"application_name={application_name(standby_guest)} password={replication_password}")
+    conninfo = standby_conninfo(primary_address, standby_guest, replication_password)
     conn.execute(sql.SQL("alter system set primary_conninfo = {}").format(sql.Literal(conninfo)))
     conn.execute(sql.SQL("alter system set primary_slot_name = {}").format(sql.Literal(slot)))
     conn.execute("select pg_reload_conf()")
 
 
-def refuse_writes(conn: Connection) -> str:
+def refuse_writes(conn: Connection, reason: str) -> str:
     """Make the primary read-only for new transactions and end every client session; returns the
-    WAL position after which nothing more can be written."""
+    WAL position after which nothing more can be written. `reason` is kept beside the setting
+    (pgcarve.write_fence), so the fence can be reported, and lifted if its operation died."""
     conn.execute("alter system set default_transaction_read_only = on")
+    _declare_fence_setting(conn)
+    conn.execute(sql.SQL("alter system set pgcarve.write_fence = {}").format(sql.Literal(reason)))
     conn.execute("select pg_reload_conf()")
     conn.execute("select pg_terminate_backend(pid) from pg_stat_activity "
                  "where backend_type = 'client backend' and pid <> pg_backend_pid()")
@@ -121,3 +124,78 @@ def synchronous_standby(conn: Connection) -> list[str]:
     """application_name of the standbys PostgreSQL reports as synchronous now."""
     rows = conn.execute("select application_name from pg_stat_replication where sync_state = 'sync'").fetchall()
     return [str(r[0]) for r in rows]
+
+
+def current_wal_lsn(conn: Connection) -> int:
+    """The primary's current WAL write position."""
+    row = conn.execute("select pg_current_wal_lsn()::text").fetchone()
+    return lsn_value(row[0] if row else None)
+
+
+def show_synchronous_standby_names(conn: Connection) -> str:
+    row = conn.execute("select current_setting('synchronous_standby_names')").fetchone()
+    return str(row[0]) if row else ""
+
+
+def replica_rows(conn: Connection) -> list[tuple[str, str, str, int]]:
+    """(application_name, state, sync_state, write position) of every standby connected now."""
+    rows = conn.execute(
+        "select application_name, state, sync_state, coalesce(write_lsn, '0/0')::text from pg_stat_replication"
+    ).fetchall()
+    return [(str(r[0]), str(r[1] or ""), str(r[2] or ""), lsn_value(r[3])) for r in rows]
+
+
+def receiving(conn: Connection) -> bool:
+    """Does this standby's WAL receiver stream from a primary now?"""
+    row = conn.execute("select count(*) from pg_stat_wal_receiver where status = 'streaming'").fetchone()
+    return bool(row and row[0])
+
+
+def detach(conn: Connection) -> None:
+    """Stop a standby from streaming from anyone (its WAL receiver ends on reload); it stays a
+    standby, replaying nothing new, until pointed at a primary again."""
+    conn.execute("alter system set primary_conninfo = ''")
+    conn.execute("select pg_reload_conf()")
+
+
+MANAGER_LEASE = "/var/lib/postgresql/pgcarve-manager-lease"
+
+
+def renew_manager_lease(conn: Connection) -> None:
+    """Word from the manager to the guest's watchdog (pgcarve-watchdog): a file the watchdog reads
+    the age of. A server-side file write: no WAL, so it never waits for a synchronous standby."""
+    conn.execute(sql.SQL("copy (select pg_catalog.now()) to {}").format(sql.Literal(MANAGER_LEASE)))
+
+
+def settle_new_primary(conn: Connection) -> None:
+    """After a promotion: a checkpoint, so the new timeline is in its control file (pg_rewind reads
+    it there), and the settings that belonged to its time as a standby, or to a fence, gone."""
+    conn.execute("checkpoint")
+    conn.execute("alter system reset primary_conninfo")
+    conn.execute("alter system reset primary_slot_name")
+    conn.execute("alter system reset default_transaction_read_only")
+    _declare_fence_setting(conn)
+    conn.execute("alter system reset pgcarve.write_fence")
+    conn.execute("select pg_reload_conf()")
+
+
+def allow_writes(conn: Connection) -> None:
+    """Undo refuse_writes: new transactions may write again."""
+    conn.execute("alter system reset default_transaction_read_only")
+    _declare_fence_setting(conn)
+    conn.execute("alter system reset pgcarve.write_fence")
+    conn.execute("select pg_reload_conf()")
+
+
+def _declare_fence_setting(conn: Connection) -> None:
+    """PostgreSQL before 17 lets ALTER SYSTEM touch a custom setting only once the session knows
+    it: a session-level SET declares it (and changes nothing for anyone else)."""
+    conn.execute("select set_config('pgcarve.write_fence', coalesce(current_setting('pgcarve.write_fence', true), "
+                 "''), false)")
+
+
+def write_fence(conn: Connection) -> str | None:
+    """The reason refuse_writes recorded, if its fence holds on this server now."""
+    row = conn.execute("select current_setting('default_transaction_read_only')::bool, "
+                       "nullif(current_setting('pgcarve.write_fence', true), '')").fetchone()
+    return str(row[1]) if row and row[0] and row[1] else None

@@ -90,15 +90,27 @@ _POLL = sql.SQL(
     " WHERE a.wait_event = 'SyncRep' AND a.state_change < pg_catalog.now() - interval '3 seconds')::int"
     " AS sync_waiting,"
     # Autovacuum in this database (see the module docstring): operations so far, tables it
-    # finished since the previous poll's clock, and the workers in here now.
+    # visited since the previous poll, the workers in here now, and the newest autovacuum time
+    # this poll saw. That mark, not the clock, is the next poll's ``since``: an operation that
+    # ends between now() and the statistics read is in this poll's operations, so its table
+    # must not count again next time. A table whose vacuum came before ``since`` (after
+    # ``before``) and its analyze after was one visit split by a poll: counted once.
     " (SELECT pg_catalog.sum(t.autovacuum_count + t.autoanalyze_count)"
     " FROM pg_catalog.pg_stat_all_tables t)::bigint AS autovacuum_ops,"
     " (SELECT pg_catalog.count(*) FROM pg_catalog.pg_stat_all_tables t"
-    " WHERE GREATEST(t.last_autovacuum, t.last_autoanalyze) > {since})::int AS autovacuum_tables,"
+    " WHERE t.last_autovacuum > {since}"
+    " OR (t.last_autoanalyze > {since} AND NOT COALESCE(t.last_autovacuum > {before}, false)))::int"
+    " AS autovacuum_tables,"
     " (SELECT pg_catalog.array_agg(a.pid) FROM pg_catalog.pg_stat_activity a"
     " WHERE a.backend_type = 'autovacuum worker'"
     " AND a.datname = pg_catalog.current_database()) AS autovacuum_workers,"
-    " pg_catalog.now() AS server_now"
+    " (SELECT pg_catalog.max(GREATEST(t.last_autovacuum, t.last_autoanalyze))"
+    " FROM pg_catalog.pg_stat_all_tables t) AS autovacuum_mark,"
+    # A write fence (replication.refuse_writes): read-only for new transactions, and why.
+    " CASE WHEN pg_catalog.current_setting('default_transaction_read_only')::bool"
+    " AND NOT pg_catalog.pg_is_in_recovery() THEN COALESCE(NULLIF("
+    "pg_catalog.current_setting('pgcarve.write_fence', true), ''), 'read-only by configuration') END"
+    " AS write_fence"
 )
 
 
@@ -116,12 +128,16 @@ def check_statement(force_flush: bool) -> sql.Composed:
 
 
 def poll_statement(pgss_schema: str | None, force_flush: bool) -> sql.Composed:
-    """The poll; takes one parameter, ``since``: the previous poll's server clock (or None)."""
+    """The poll; parameters ``since`` and ``before``: the autovacuum marks of the previous two
+    polls (None when there was none, or autovacuum has never run)."""
     calls = (_CALLS.format(schema=sql.Identifier(pgss_schema), client_databases=_CLIENT_DATABASES)
              if pgss_schema else _NO_CALLS)
+
+    def mark(name: str) -> sql.Composable:
+        return sql.SQL("COALESCE({}::timestamptz, '-infinity')").format(sql.Placeholder(name))
+
     return _statement(
-        _POLL.format(calls=calls, client_databases=_CLIENT_DATABASES,
-                     since=sql.SQL("{}::timestamptz").format(sql.Placeholder("since"))),
+        _POLL.format(calls=calls, client_databases=_CLIENT_DATABASES, since=mark("since"), before=mark("before")),
         force_flush)
 
 
@@ -138,14 +154,15 @@ class PollRow:
     epoch: str  # the postmaster's start time: another value means other counters
     sync_waiting: int
     autovacuum_ops: int  # autovacuum + autoanalyze counts of the polled database's tables
-    autovacuum_tables: int  # tables autovacuum finished since ``since``
+    autovacuum_tables: int  # table visits autovacuum finished since ``since``
     autovacuum_workers: frozenset[int]  # autovacuum workers in the polled database now
-    server_now: Any  # the server's clock at this poll, passed back as the next ``since``
+    autovacuum_mark: Any  # the newest autovacuum/autoanalyze time seen, passed back as ``since``
+    write_fence: str | None = None  # why new writes are refused on this primary (None: they are not)
 
     @classmethod
     def parse(cls, row: tuple[Any, ...]) -> PollRow:
         (all_xacts, client_xacts, all_calls, client_calls, lag_bytes, standbys, epoch, sync_waiting,
-         autovacuum_ops, autovacuum_tables, autovacuum_workers, server_now) = row[:12]
+         autovacuum_ops, autovacuum_tables, autovacuum_workers, autovacuum_mark, write_fence) = row[:13]
         return cls(
             all_xacts=int(all_xacts),
             client_xacts=int(client_xacts or 0),
@@ -158,7 +175,8 @@ class PollRow:
             autovacuum_ops=int(autovacuum_ops or 0),
             autovacuum_tables=int(autovacuum_tables or 0),
             autovacuum_workers=frozenset(autovacuum_workers or ()),
-            server_now=server_now,
+            autovacuum_mark=autovacuum_mark,
+            write_fence=None if write_fence is None else str(write_fence),
         )
 
 

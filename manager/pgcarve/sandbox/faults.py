@@ -1,7 +1,8 @@
 """Faults injected into the sandbox on purpose, by an operator trying pgcarve out or by a test:
-a guest's QEMU killed, a host's libvirtd restarted under running guests, a command run inside a
-host (say, a tiny filesystem for a disk-full test). `pgcarve sandbox kill-guest` and
-`restart-libvirtd` call these.
+a guest's QEMU killed, a host's libvirtd restarted under running guests, a whole host killed
+(and brought back), a host cut off from the others (and healed), a command run inside a host
+(say, a tiny filesystem for a disk-full test). `pgcarve sandbox kill-guest | restart-libvirtd |
+kill-host | revive-host | partition | heal` call these.
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ from pathlib import Path
 import pgcarve.processes as processes
 from pgcarve.errors import SandboxError
 from pgcarve.processes import ProcessStatus
-from pgcarve.sandbox.hosts import Sandbox, run_checked, same_netns
+from pgcarve.sandbox.hosts import GUEST_BRIDGE, Sandbox, run_checked, same_netns
 
 
 class SandboxFaults:
@@ -68,3 +69,42 @@ class SandboxFaults:
                                                str(pid_file), "-f", "/etc/libvirt/libvirtd.conf"])
         self.sandbox.wait_libvirtd(sandbox_host).close()
         self.sandbox.record_daemons(sandbox_host, ("libvirtd",))
+
+    def kill_host(self, host: str) -> int:
+        """Kill every process of a sandbox host at once (libvirtd, virtlogd, dnsmasq, every QEMU,
+        the forwards into it), as a power cut would; its disks and namespace stay, so
+        revive_host() can bring it back. Returns how many processes were killed."""
+        sandbox_host = self.sandbox.host_named(host)
+        records = []
+        for pid in run_checked(["ip", "netns", "pids", sandbox_host.netns], check=False).stdout.split():
+            try:
+                records.append(processes.record_process(int(pid)))
+            except ProcessLookupError:
+                continue
+        for record in records:  # recorded first, so a PID reused meanwhile is never hit
+            processes.signal_process(record, signal.SIGKILL)
+        # A power cut takes the kernel's state too: the guests' bridge goes, so the host's libvirtd
+        # starts its network afresh when the host comes back (else "already in use by interface").
+        run_checked(["ip", "-n", sandbox_host.netns, "link", "del", GUEST_BRIDGE], check=False)
+        return len(records)
+
+    def revive_host(self, host: str) -> None:
+        """Start a killed host's daemons again (its guests stay off: the manager decides what each
+        becomes, since a failover may have replaced the primaries that ran there)."""
+        self.sandbox.revive(self.sandbox.host_named(host))
+
+    def partition(self, host: str) -> None:
+        """Cut the host off from the other hosts (its end of the wire goes down); its guests and
+        daemons keep running, and this machine still reaches it through its own sockets."""
+        sandbox_host = self.sandbox.host_named(host)
+        run_checked(["ip", "-n", self.sandbox.wire_netns, "link", "set", f"w{sandbox_host.index}", "down"])
+
+    def heal(self, host: str) -> None:
+        """Join a partitioned host to the others again."""
+        sandbox_host = self.sandbox.host_named(host)
+        run_checked(["ip", "-n", self.sandbox.wire_netns, "link", "set", f"w{sandbox_host.index}", "up"])
+
+    def partitioned(self, host: str) -> bool:
+        sandbox_host = self.sandbox.host_named(host)
+        out = run_checked(["ip", "-n", self.sandbox.wire_netns, "-o", "link", "show", f"w{sandbox_host.index}"]).stdout
+        return "state DOWN" in out or "<BROADCAST,MULTICAST>" in out

@@ -40,6 +40,7 @@ REQUIRED_TOOLS = ("ip", "unshare", "libvirtd", "virtlogd", "qemu-system-x86_64",
 GUEST_NET = "10.77.{i}.0/24"
 WIRE_PREFIX = "10.76.0."
 NETWORK_NAME = "pgcarve"
+GUEST_BRIDGE = "pgcbr0"  # the guests' bridge inside each host's namespace
 MAX_HOSTS = 8
 NETNS_DIR = Path("/run/netns")  # where `ip netns add` keeps the namespaces it names
 
@@ -212,7 +213,7 @@ class Sandbox:
             instance=size or InstanceSize(vcpus=1, memory_mib=768, housekeeping_cpus=None, hugepages=False, clusters=1,
                                           disk_gib=8, disk_reserve_mib=1024),
             replication=Replication(standbys=standbys, sync_mode="FIRST", sync_count=1,
-                                    synchronous_commit="remote_write"),
+                                    synchronous_commit="remote_write", retire_catch_up_s=120),
             allowed_cidrs=["10.77.0.0/16", "10.76.0.0/24"],
             hosts=host_configs,
         )
@@ -258,10 +259,17 @@ class Sandbox:
         lv = self.wait_libvirtd(host)
         self.record_daemons(host, ("virtlogd", "libvirtd"))
         progress(f"{host.name}: network {NETWORK_NAME} 10.77.{host.index}.0/24 and storage pool")
-        lv.ensure_network(NetworkSpec(NETWORK_NAME, "pgcbr0", f"10.77.{host.index}.1", 24,
+        lv.ensure_network(NetworkSpec(NETWORK_NAME, GUEST_BRIDGE, f"10.77.{host.index}.1", 24,
                                       f"10.77.{host.index}.10", f"10.77.{host.index}.250"))
         lv.storage.ensure_pool()
         lv.close()
+
+    def revive(self, host: SandboxHost) -> None:
+        """Start a stopped host's daemons again (its namespace, disks and definitions kept)."""
+        if not self._netns_exists(host.netns):
+            raise SandboxError(f"sandbox host {host.name} has no namespace any more: start the sandbox again "
+                               "(`pgcarve sandbox up`)")
+        self._host_up(host, len(self.hosts()), lambda _m: None)
 
     def run_reaped(self, host: SandboxHost, args: list[str]) -> None:
         """Run a command that starts daemons, under a reaper of their orphans (see reaper.py).

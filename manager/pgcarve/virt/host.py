@@ -58,6 +58,7 @@ class GuestInfo:
     memory_mib: int
     mac: str | None
     creating: bool = False  # still being built by a scale operation (see domain_xml.CREATING_NS)
+    kernel: str = ""  # the kernel it boots (its image version's volume)
 
 
 class LibvirtHost:
@@ -118,9 +119,13 @@ class LibvirtHost:
 
     # -- host facts -------------------------------------------------------------------------
 
-    def topology(self) -> HostTopology:
+    def capabilities(self) -> str:
+        """libvirt's capabilities XML of the host (CPUs, NUMA cells, memory)."""
         with self.translate("reading capabilities"):
-            return parse_capabilities(self.conn.getCapabilities())
+            return str(self.conn.getCapabilities())
+
+    def topology(self) -> HostTopology:
+        return parse_capabilities(self.capabilities())
 
     def versions(self) -> dict[str, str]:
         with self.translate("reading versions"):
@@ -135,10 +140,28 @@ class LibvirtHost:
     # -- guests -----------------------------------------------------------------------------
 
     def define_and_start(self, spec: DomainSpec) -> None:
+        """Define the guest and start it. Not autostarted with libvirtd: after a host comes back,
+        the manager decides what each of its guests becomes (a primary that was failed over
+        elsewhere must not start as a second primary)."""
         with self.translate(f"defining and starting {spec.name}"):
             dom = self.conn.defineXML(spec.to_xml())
-            dom.setAutostart(1)
+            dom.setAutostart(0)
             dom.create()
+
+    def define(self, spec: DomainSpec) -> None:
+        """Define the guest without starting it (not autostarted either)."""
+        with self.translate(f"defining {spec.name}"):
+            self.conn.defineXML(spec.to_xml()).setAutostart(0)
+
+    def stop(self, name: str) -> bool:
+        """Power a guest off at once, keeping its definition and disks; False if it was not running."""
+        with self.translate(f"stopping {name}"):
+            dom = self.conn.lookupByName(name)
+            dom.setAutostart(0)
+            if not dom.isActive():
+                return False
+            dom.destroy()
+            return True
 
     def start(self, name: str) -> None:
         with self.translate(f"starting {name}"):
@@ -243,6 +266,7 @@ class LibvirtHost:
             memory_mib=dom.maxMemory() // 1024,
             mac=mac_el.attrib.get("address") if mac_el is not None else None,
             creating=creating,
+            kernel=xml.findtext("os/kernel") or "",
         )
 
     def _affect(self, dom: libvirt.virDomain) -> int:

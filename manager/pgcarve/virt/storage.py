@@ -7,7 +7,9 @@ each guest's disk is a qcow2 overlay on it, and its seed is a small uploaded fil
 from __future__ import annotations
 
 import contextlib
+import re
 import threading
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -18,6 +20,12 @@ from pgcarve.virt.xml_specs import PoolSpec, VolumeSpec
 
 if TYPE_CHECKING:
     from pgcarve.virt.host import LibvirtHost
+
+
+def image_tag_of(kernel_path: str) -> str | None:
+    """The image version a guest boots, from its kernel volume's path (pgcarve-vmlinuz-<tag>)."""
+    found = re.search(r"pgcarve-vmlinuz-([0-9a-z]+)$", kernel_path)
+    return found.group(1) if found else None
 
 
 @dataclass(frozen=True)
@@ -102,6 +110,17 @@ class HostStorage:
                 initrd_path=pool.storageVolLookupByName(names[2]).path(),
             )
 
+    def uploaded_image(self, tag: str) -> BaseImage | None:
+        """The image version `tag` if its volumes are on this host (a retired guest's disk was
+        made from it: control/retirement.py boots it with its own kernel again)."""
+        names = (f"pgcarve-base-{tag}.qcow2", f"pgcarve-vmlinuz-{tag}", f"pgcarve-initrd-{tag}")
+        with self._lock, self.host.translate(f"looking up guest image {tag}"):
+            pool = self.ensure_pool(refresh=True)
+            if not set(names) <= set(pool.listVolumes()):
+                return None
+            return BaseImage(disk=names[0], kernel_path=pool.storageVolLookupByName(names[1]).path(),
+                             initrd_path=pool.storageVolLookupByName(names[2]).path())
+
     def create_overlay(self, name: str, base_volume: str, size_gib: int) -> None:
         """A qcow2 overlay on the base volume: O(1) in the size of the image."""
         with self._lock, self.host.translate(f"creating disk {name}"):
@@ -116,6 +135,24 @@ class HostStorage:
             with contextlib.suppress(libvirt.libvirtError):
                 pool.storageVolLookupByName(name).delete(0)
             self._upload(pool, name, source, "raw")
+
+    def create_marker(self, name: str) -> None:
+        """An empty volume whose name records a fact beside the disks it is about (retired guests:
+        control/retirement.py); a no-op if it exists."""
+        with self._lock, self.host.translate(f"creating marker volume {name}"):
+            pool = self.ensure_pool(refresh=True)
+            if name not in pool.listVolumes():
+                pool.createXML(VolumeSpec(name, 0, format="raw").to_xml(), 0)
+
+    def allocations_mib(self, names: Iterable[str]) -> dict[str, int]:
+        """The space these volumes take on disk now (MiB, rounded up); absent ones are left out."""
+        with self._lock, self.host.translate("reading volume sizes"):
+            pool = self.ensure_pool()
+            sizes = {}
+            for name in names:
+                with contextlib.suppress(libvirt.libvirtError):  # not there (any more)
+                    sizes[name] = -(-int(pool.storageVolLookupByName(name).info()[2]) // (1024 * 1024))
+            return sizes
 
     def delete_volume(self, name: str) -> bool:
         """Delete a volume if it exists; True if something was deleted."""

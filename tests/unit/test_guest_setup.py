@@ -1,0 +1,88 @@
+"""The image's setup script (images/rootfs/usr/local/sbin/pgcarve-guest-setup), run as a module
+with its paths in a temporary directory: what a boot does for each seed, once per seed."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+import pytest
+from pgcarve.guest.seed import GuestSeed
+
+from tests.support.seeds import guest_seed
+
+CIDRS = ("10.77.0.0/16",)
+
+
+@pytest.fixture
+def booted(guest_setup: ModuleType, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> dict[str, Any]:
+    """The script's directories under tmp_path; cloning and rewinding recorded, not run."""
+    for name in ("SEED", "SEED_ID", "CONF_DIR", "DATA_DIR", "STATE_DIR"):
+        monkeypatch.setattr(guest_setup, name, tmp_path / {"SEED": "etc/pgcarve/instance.json",
+                                                          "SEED_ID": "etc/pgcarve/seed-id",
+                                                          "CONF_DIR": "etc/postgresql",
+                                                          "DATA_DIR": "data/main",
+                                                          "STATE_DIR": "var/lib/pgcarve"}[name])
+    # Every other file the script writes moves under tmp_path too: a test never touches this
+    # machine's /etc (its PostgreSQL's configuration directory has the same path as a guest's).
+    for name, value in list(vars(guest_setup).items()):
+        if isinstance(value, Path) and value.is_absolute() and not value.is_relative_to(tmp_path):
+            if name == "STANDBYS_FILE" or name.startswith("TLS_"):
+                monkeypatch.setattr(guest_setup, name, tmp_path / "etc/postgresql" / value.name)
+            else:
+                monkeypatch.setattr(guest_setup, name, tmp_path / "elsewhere" / value.relative_to("/"))
+    (tmp_path / "etc/postgresql/conf.d").mkdir(parents=True)
+    (tmp_path / "data/main").mkdir(parents=True)
+    (tmp_path / "var/lib/pgcarve").mkdir(parents=True)
+    calls: list[str] = []
+    monkeypatch.setattr(guest_setup, "clone_from_primary", lambda seed: calls.append("clone"))
+    monkeypatch.setattr(guest_setup, "rejoin_as_standby", lambda seed: calls.append("rewind"))
+    state: dict[str, Any] = {"module": guest_setup, "calls": calls, "seed": None}
+
+    def boot(seed: GuestSeed, instance_id: str) -> None:
+        text = json.dumps(seed.instance_json())
+        monkeypatch.setattr(guest_setup, "read_seed_disk", lambda: (text, instance_id))
+        assert guest_setup.before_start() == 0
+
+    state["boot"] = boot
+    return state
+
+
+def test_the_seed_lands_even_on_a_first_boot(booted: dict[str, Any], tmp_path: Path) -> None:
+    """/etc/pgcarve does not exist before the first boot: the seed and its id are written there."""
+    booted["boot"](guest_seed("pgc-01", "primary", CIDRS), "pgc-01-1")
+    assert json.loads((tmp_path / "etc/pgcarve/instance.json").read_text())["name"] == "pgc-01"
+    assert (tmp_path / "etc/pgcarve/seed-id").read_text().strip() == "pgc-01-1"
+    assert "hostssl all pgcarve 10.77.0.0/16" in (tmp_path / "etc/postgresql/pg_hba.conf").read_text()
+    assert booted["calls"] == []
+
+
+def test_a_standby_clones_once(booted: dict[str, Any]) -> None:
+    seed = guest_seed("pgc-01-s1", "standby", CIDRS, primary_host="10.77.0.12")
+    booted["boot"](seed, "pgc-01-s1-1")
+    booted["boot"](seed, "pgc-01-s1-1")
+    assert booted["calls"] == ["clone"]
+
+
+def test_a_former_primary_rewinds_once_per_seed_and_never_clones_over_its_data(booted: dict[str, Any]) -> None:
+    primary = guest_seed("pgc-01", "primary", CIDRS)
+    booted["boot"](primary, "pgc-01-1")
+    rejoin = guest_seed("pgc-01", "standby", CIDRS, primary_host="10.77.1.15", rejoin=True)
+    booted["boot"](rejoin, "pgc-01-2")
+    booted["boot"](rejoin, "pgc-01-2")  # a reboot: the same seed, nothing again
+    booted["boot"](rejoin, "pgc-01-3")  # a new seed asking again (a second failover)
+    assert booted["calls"] == ["rewind", "rewind"]
+
+
+def test_rewound_settings_of_the_new_primary_are_dropped(guest_setup: ModuleType, tmp_path: Path,
+                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(guest_setup, "DATA_DIR", tmp_path)
+    (tmp_path / "postgresql.auto.conf").write_text(
+        "# Do not edit\nsynchronous_standby_names = 'FIRST 1 (pgc_01_s2)'\nprimary_conninfo = 'host=x'\n"
+        "primary_slot_name = 'pgcarve_pgc_01'\ndefault_transaction_read_only = 'on'\n")
+    guest_setup.forget_primary_settings()
+    kept = (tmp_path / "postgresql.auto.conf").read_text()
+    assert "synchronous_standby_names" in kept
+    assert "primary_conninfo" not in kept and "primary_slot_name" not in kept and "read_only" not in kept

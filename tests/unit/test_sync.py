@@ -1,0 +1,66 @@
+"""The synchronous set the manager keeps (control/sync.py): it names exactly k standbys, records
+before it changes, switches when a chosen one stops streaming, shrinks only once confirmed."""
+
+from __future__ import annotations
+
+from pgcarve.config import Replication
+from pgcarve.control.sync import ReplicaState, initial_record, names_for, plan_sync
+from pgcarve.control.sync_record import SyncRecord
+
+STANDBYS = ["pgc-01-s1", "pgc-01-s2"]
+
+
+def rec(members: tuple[str, ...], synchronous: tuple[str, ...], pending: int | None = None) -> SyncRecord:
+    return SyncRecord(instance="pgc-01", primary="pgc-01", primary_host="h0", members=members,
+                      synchronous=synchronous, count=1, mode="FIRST", pending_lsn=pending)
+
+
+def up(lsn: int, sync_state: str = "async") -> ReplicaState:
+    return ReplicaState(streaming=True, sync_state=sync_state, write_lsn=lsn)
+
+
+def test_a_new_instance_names_its_first_k_standbys() -> None:
+    first = initial_record("pgc-01", "pgc-01", "h0", STANDBYS, Replication())  # type: ignore[call-arg]
+    assert first is not None and first.synchronous == ("pgc-01-s1",) and first.members == ("pgc-01-s1",)
+    assert names_for(first) == "FIRST 1 (pgc_01_s1)"
+    anyk = initial_record("pgc-01", "pgc-01", "h0", STANDBYS,
+                          Replication(sync_mode="ANY", sync_count=1))  # type: ignore[call-arg]
+    assert anyk is not None and names_for(anyk) == "ANY 1 (pgc_01_s1, pgc_01_s2)"
+    assert initial_record("pgc-01", "pgc-01", "h0", [], Replication()) is None  # type: ignore[call-arg]
+
+
+def test_nothing_changes_while_the_chosen_standby_streams() -> None:
+    r = rec(("pgc-01-s1",), ("pgc-01-s1",))
+    assert plan_sync(r, STANDBYS, {"pgc-01-s1": up(100, "sync"), "pgc-01-s2": up(90)}, 100, {}, 5.0) is None
+
+
+def test_a_brief_gap_does_not_switch_but_a_lasting_one_does_recording_first() -> None:
+    r = rec(("pgc-01-s1",), ("pgc-01-s1",))
+    replicas = {"pgc-01-s2": up(90)}
+    assert plan_sync(r, STANDBYS, replicas, 100, {"pgc-01-s1": 2.0}, 5.0) is None
+    change = plan_sync(r, STANDBYS, replicas, 100, {"pgc-01-s1": 6.0}, 5.0)
+    assert change is not None
+    # The record grows to hold both before the names move to s2.
+    assert change.record.members == ("pgc-01-s1", "pgc-01-s2")
+    assert change.record.synchronous == ("pgc-01-s2",) and change.record.pending_lsn == 100
+    assert change.names == "FIRST 1 (pgc_01_s2)" and "not streaming" in change.reason
+
+
+def test_no_spare_means_keep_waiting_on_the_chosen_one() -> None:
+    r = rec(("pgc-01-s1",), ("pgc-01-s1",))
+    assert plan_sync(r, STANDBYS, {}, 100, {"pgc-01-s1": 60.0, "pgc-01-s2": 60.0}, 5.0) is None
+
+
+def test_the_record_shrinks_only_once_the_new_standby_confirmed_everything_before_the_change() -> None:
+    r = rec(("pgc-01-s1", "pgc-01-s2"), ("pgc-01-s2",), pending=100)
+    assert plan_sync(r, STANDBYS, {"pgc-01-s2": up(99, "sync")}, 120, {}, 5.0) is None  # not yet
+    assert plan_sync(r, STANDBYS, {"pgc-01-s2": up(100, "async")}, 120, {}, 5.0) is None  # not sync yet
+    change = plan_sync(r, STANDBYS, {"pgc-01-s2": up(100, "sync")}, 120, {}, 5.0)
+    assert change is not None and change.record.members == ("pgc-01-s2",) and change.names is None
+
+
+def test_the_most_advanced_spare_is_chosen() -> None:
+    standbys = ["pgc-01-s1", "pgc-01-s2", "pgc-01-s3"]
+    r = rec(("pgc-01-s1",), ("pgc-01-s1",))
+    change = plan_sync(r, standbys, {"pgc-01-s2": up(80), "pgc-01-s3": up(95)}, 100, {"pgc-01-s1": 9.0}, 5.0)
+    assert change is not None and change.record.synchronous == ("pgc-01-s3",)
