@@ -74,6 +74,8 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     g.add_argument("--clients", type=int, help="total pgbench clients per case")
     g.add_argument("--threads", type=int, help="total pgbench threads per case")
     g.add_argument("--seconds", type=int, help="pgbench duration per case")
+    g.add_argument("--repeats", type=int, default=3,
+                   help="runs of every case, interleaved (default 3; fewer always gives an inconclusive verdict)")
     g.add_argument("--sampling-rate", type=float, help="share of transactions written to pgbench's log")
     g.add_argument("--memory-mib", type=int, help="guest memory (default: the hosts file's / sandbox's)")
     g.add_argument("--vcpus", type=int, help="V: vCPUs per carved guest (the single guest gets N x V); default 1 "
@@ -141,7 +143,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                 clients=args.clients or size.clients, threads=args.threads or size.threads,
                 seconds=args.seconds or size.seconds,
                 sampling_rate=args.sampling_rate or size.sampling_rate, pg_settings=settings,
-                memory_mib=args.memory_mib, vcpus=args.vcpus, clients_per_target=args.clients_per_instance)
+                memory_mib=args.memory_mib, vcpus=args.vcpus, clients_per_target=args.clients_per_instance,
+                repeats=args.repeats)
             try:
                 doc = experiment(out, paths, exp_cases, params, size.exp_hosts, hosts_file, size.name, size.notes)
                 log(f"verdict: {doc.get('verdict', {}).get('text')}")

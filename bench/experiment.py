@@ -1,6 +1,7 @@
 """The experiment's cases (boot guests): carved, single, multi-instance, no-replica (and the older
 multi-process approximation) on fresh guests, the insert-only pgbench load of ../shared/seeds on
-each, and a plain verdict. Writes experiment.json (and .png)."""
+each, repeated and interleaved (every case once per round, the order rotated each round), and a
+verdict that knows its noise. Writes experiment.json (and .png)."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ import glob
 import json
 import platform
 import shutil
+import statistics
 import subprocess
 import tempfile
 import time
@@ -28,7 +30,7 @@ from pgcarve.settings import Paths
 from bench.charts import chart_experiment, save_chart
 from bench.clusters import cluster_port, wait_clusters
 from bench.guests import guest_hosts, prepare_hosts, progress_logger, remove_all, with_size
-from bench.harness import NOISE_BAND, bench_fleet, finish, log, run_meta, write_json
+from bench.harness import bench_fleet, finish, log, run_meta, write_json
 from bench.load import LoadTarget, apply_settings, guest_facts, run_load
 
 
@@ -48,6 +50,8 @@ class ExperimentParams:
     memory_mib: int | None = None
     vcpus: int | None = None  # V, vCPUs per carved guest; None = 1 in the sandbox, the hosts file's on real hosts
     clients_per_target: bool = False  # False: `clients` split over the targets; True: each target gets them all
+    # Runs of every case, interleaved: below MIN_REPEATS the verdict is always inconclusive.
+    repeats: int = 3
 
     def per_target(self, total: int, targets: int) -> int:
         return total if self.clients_per_target else _split(total, targets)
@@ -138,7 +142,34 @@ def instances_up(config: FleetConfig, paths: Paths, count: int, record: dict[str
         fleet.close()
 
 
+MIN_REPEATS = 3  # fewer runs of a case than this cannot show its spread
+
+
+def summarize_runs(runs: list[dict[str, Any]]) -> dict[str, Any]:
+    """One case's runs as one result: the run nearest the median TPS stands for the case (its
+    latencies, CPU and settings), its aggregate_tps is the median, and every run's TPS is kept
+    in run order with the range and spread (max - min over the median)."""
+    good = [r for r in runs if "error" not in r]
+    if not good:
+        return runs[-1]
+    tps = [r["aggregate_tps"] for r in good]
+    median = statistics.median(tps)
+    typical = min(good, key=lambda r: abs(r["aggregate_tps"] - median))
+    return {**typical, "aggregate_tps": round(median, 1), "runs_tps": tps, "tps_min": min(tps),
+            "tps_max": max(tps), "spread": round((max(tps) - min(tps)) / median, 3) if median else None,
+            "repeats": len(good), "failed_runs": [r["error"] for r in runs if "error" in r]}
+
+
+def _range(result: dict[str, Any]) -> tuple[float, float, int]:
+    """(lowest, highest, how many runs) of a case's TPS; one run: its TPS twice."""
+    tps = result.get("runs_tps") or [result["aggregate_tps"]]
+    return min(tps), max(tps), len(tps)
+
+
 def verdict(results: dict[str, dict[str, Any]], domain_types: dict[str, str]) -> dict[str, Any]:
+    """Helped, did not help, or inconclusive, from carved against single: inconclusive whenever
+    the two cases' run ranges overlap, with fewer than MIN_REPEATS runs of either, and always when
+    a guest ran under emulation (then the figures measured the emulator)."""
     out: dict[str, Any] = {}
     carved = results.get("carved", {}).get("aggregate_tps")
     for other in ("single", "no-replica", "multi-instance", "multi-process"):
@@ -146,20 +177,30 @@ def verdict(results: dict[str, dict[str, Any]], domain_types: dict[str, str]) ->
         if carved and base:
             out[f"carved_over_{other.replace('-', '_')}"] = round(carved / base, 3)
     ratio = out.get("carved_over_single")
-    if ratio is None:
-        out["text"] = "no verdict: needs both the carved and the single case"
-    elif ratio >= 1 + NOISE_BAND:
-        out["text"] = (f"carving helped by {(ratio - 1) * 100:.0f}% on this host "
-                       f"({carved:.0f} TPS carved vs {results['single']['aggregate_tps']:.0f} TPS single)")
-    elif ratio <= 1 - NOISE_BAND:
-        out["text"] = (f"carving did not help on this host: it cost {(1 - ratio) * 100:.0f}% "
-                       f"({carved:.0f} TPS carved vs {results['single']['aggregate_tps']:.0f} TPS single)")
-    else:
-        out["text"] = (f"carving did not help on this host: no clear difference ({(ratio - 1) * 100:+.0f}%, within "
-                       f"+-{NOISE_BAND * 100:.0f}%; {carved:.0f} vs {results['single']['aggregate_tps']:.0f} TPS)")
-    if any(t != "kvm" for t in domain_types.values()):
+    emulated = any(t != "kvm" for t in domain_types.values())
+    if emulated:
         out["caveat"] = ("guests ran under QEMU TCG (software emulation, no usable KVM): the figures measure "
                          "the emulator, not the kernel locks carving is about; rerun on a KVM host")
+    if ratio is None:
+        out["word"] = "none"
+        out["text"] = "no verdict: needs both the carved and the single case"
+        return out
+    c_lo, c_hi, c_n = _range(results["carved"])
+    s_lo, s_hi, s_n = _range(results["single"])
+    single = results["single"]["aggregate_tps"]
+    figures = (f"median {carved:.0f} TPS carved (runs {c_lo:.0f}-{c_hi:.0f}, n={c_n}) vs {single:.0f} TPS single "
+               f"(runs {s_lo:.0f}-{s_hi:.0f}, n={s_n}), {(ratio - 1) * 100:+.0f}%")
+    if emulated:
+        out["word"], why = "inconclusive", "guests ran under emulation, so this measured the emulator"
+    elif min(c_n, s_n) < MIN_REPEATS:
+        out["word"], why = "inconclusive", f"fewer than {MIN_REPEATS} runs of each case cannot show the noise"
+    elif c_lo <= s_hi and s_lo <= c_hi:
+        out["word"], why = "inconclusive", "the runs of the two cases overlap: the difference is within the noise"
+    elif c_lo > s_hi:
+        out["word"], why = "helped", f"carving helped by {(ratio - 1) * 100:.0f}% on this host"
+    else:
+        out["word"], why = "did not help", f"carving did not help on this host: it cost {(1 - ratio) * 100:.0f}%"
+    out["text"] = f"{why} ({figures})" if out["word"] != "inconclusive" else f"inconclusive: {why} ({figures})"
     return out
 
 
@@ -202,6 +243,7 @@ def experiment(out: Path | None, paths: Paths, cases: Sequence[str], params: Exp
                            "params": {"instances_N": params.instances, "standbys": params.standbys,
                                       "clients_total": params.clients, "threads_total": params.threads,
                                       "seconds": params.seconds, "sampling_rate": params.sampling_rate,
+                                      "repeats": params.repeats,
                                       "pg_settings": params.pg_settings,
                                       "clients": "per instance/table" if params.clients_per_target
                                       else "split over the instances/tables",
@@ -236,27 +278,35 @@ def experiment(out: Path | None, paths: Paths, cases: Sequence[str], params: Exp
                 plan.append((with_size(base, vcpus=v * params.instances, standbys=0, synchronous_commit="local",
                                        fleet=bench_fleet("n")), 1,
                              ["no-replica"]))
-            for config, count, group in plan:
-                record: dict[str, Any] = {}
-                log(f"{'/'.join(group)}: creating {count} instance(s) of {config.instance.vcpus} vCPU, "
-                    f"{config.replication.standbys} standby(s)")
-                try:
-                    with instances_up(config, paths, count, record) as fleet:
-                        first = next(i.primary for i in fleet.observe() if i.primary)
-                        facts = guest_facts(fleet, first)
-                        doc["versions"].setdefault("guest", facts)
+            runs: dict[str, list[dict[str, Any]]] = {}
+            for round_no in range(params.repeats):
+                # Interleaved: every case once per round, the order rotated, so a slow drift of the
+                # machine (or one case always running first on cold caches) does not favour one case.
+                shift = round_no % len(plan) if plan else 0
+                for config, count, group in plan[shift:] + plan[:shift]:
+                    record: dict[str, Any] = {}
+                    log(f"round {round_no + 1}/{params.repeats}, {'/'.join(group)}: creating {count} instance(s) "
+                        f"of {config.instance.vcpus} vCPU, {config.replication.standbys} standby(s)")
+                    try:
+                        with instances_up(config, paths, count, record) as fleet:
+                            first = next(i.primary for i in fleet.observe() if i.primary)
+                            facts = guest_facts(fleet, first)
+                            doc["versions"].setdefault("guest", facts)
+                            for case in group:
+                                settings = dict(params.pg_settings)
+                                if case == "no-replica":
+                                    settings.setdefault("synchronous_commit", "local")
+                                result = run_case(case, fleet, params, settings, logdir)
+                                result.update(boot_s=record.get("boot_s"), fleet=config.fleet, round=round_no + 1,
+                                              measured_at=time.strftime("%Y-%m-%dT%H:%M:%S%z"))
+                                runs.setdefault(case, []).append(result)
+                    except Exception as exc:  # one group failing still leaves the others' results
                         for case in group:
-                            settings = dict(params.pg_settings)
-                            if case == "no-replica":
-                                settings.setdefault("synchronous_commit", "local")
-                            results[case] = run_case(case, fleet, params, settings, logdir)
-                            results[case]["boot_s"] = record.get("boot_s")
-                            results[case]["fleet"] = config.fleet
-                            results[case]["measured_at"] = time.strftime("%Y-%m-%dT%H:%M:%S%z")
-                except Exception as exc:  # one group failing still leaves the others' results
-                    for case in group:
-                        results[case] = {"case": case, "how": CASE_DOC[case], "error": str(exc)}
-                    log(f"{'/'.join(group)} failed: {exc}")
+                            runs.setdefault(case, []).append({"case": case, "how": CASE_DOC[case], "error": str(exc),
+                                                              "round": round_no + 1})
+                        log(f"{'/'.join(group)} failed: {exc}")
+            for case, case_runs in runs.items():
+                results[case] = summarize_runs(case_runs)
             if out is not None:
                 carry_over(out / "experiment.json", doc)
             doc["verdict"] = verdict(results, domain_types)

@@ -37,8 +37,6 @@ DEFAULT_CASES = tuple(c for c in ALL_CASES if c != "multi-process")
 TARGET_RECONCILE_S = 5.0
 TARGET_GET_P99_MS = 20.0
 TARGET_PLANNER_MS = 10.0
-# Carved/single ratios inside this band are called "no clear difference".
-NOISE_BAND = 0.05
 
 
 def bench_fleet(kind: str) -> str:

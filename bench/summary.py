@@ -119,14 +119,14 @@ def summary_markdown(out: Path) -> str:
                   f"{p['seconds']} s, script `{INSERT_SCRIPT.strip()}`, "
                   f"`{p['pgbench']}`.", ""]
         lines += [f"- {note}" for note in ex.get("notes", [])]
-        lines += ["", "| case | aggregate TPS | per instance TPS | p50 ms | p99 ms | host CPU user/system | "
-                  "guest CPU user/system | how |", "|---|---|---|---|---|---|---|---|"]
+        lines += ["", "| case | median TPS | runs (TPS, in order) | per instance TPS | p50 ms | p99 ms | "
+                  "host CPU user/system | guest CPU user/system | how |", "|---|---|---|---|---|---|---|---|---|"]
         for case in EXPERIMENT_CASES:
             r = ex["cases"].get(case)
             if r is None:
                 continue
             if "error" in r:
-                lines.append(f"| {case} | failed: {r['error'][:120]} | | | | | | {r['how']} |")
+                lines.append(f"| {case} | failed: {r['error'][:120]} | | | | | | | {r['how']} |")
                 continue
             per = ", ".join(f"{q['tps']:.0f}" for q in r["per_instance"])
             cpu = r["host_cpu"]
@@ -135,7 +135,9 @@ def summary_markdown(out: Path) -> str:
                          f"{statistics.fmean(g['system'] for g in guests) * 100:.0f}%") if guests else "n/a"
             mark = (" (approx.)" if r.get("approximation") else "") + (
                 f" (run of {r['carried_over_from']})" if r.get("carried_over_from") else "")
-            lines.append(f"| {case}{mark} | {r['aggregate_tps']:.0f} | "
+            tps_runs = ", ".join(f"{t:.0f}" for t in r.get("runs_tps", [r["aggregate_tps"]]))
+            spread = f" (spread {r['spread'] * 100:.0f}%)" if r.get("spread") is not None else ""
+            lines.append(f"| {case}{mark} | {r['aggregate_tps']:.0f} | {tps_runs}{spread} | "
                          f"{per} | {r['latency_p50_ms']:.2f} | {r['latency_p99_ms']:.2f} | "
                          f"{cpu['user'] * 100:.0f}% / {cpu['system'] * 100:.0f}% | {guest_cpu} | {r['how']} |")
         v = ex.get("verdict", {})

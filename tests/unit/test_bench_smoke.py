@@ -97,13 +97,34 @@ def test_helpers() -> None:
     assert split["user"] == split["system"] == split["idle"] and split["jiffies"] == 300
 
 
+def _case(*tps: float) -> dict[str, object]:
+    return experiment.summarize_runs([{"aggregate_tps": t, "round": k} for k, t in enumerate(tps, start=1)])
+
+
+def test_runs_summarized_by_their_median_and_spread() -> None:
+    case = experiment.summarize_runs([{"aggregate_tps": 90.0, "p": "a"}, {"error": "boot failed"},
+                                      {"aggregate_tps": 110.0, "p": "b"}, {"aggregate_tps": 101.0, "p": "c"}])
+    assert case["aggregate_tps"] == 101.0 and case["p"] == "c", "the run nearest the median stands for the case"
+    assert case["runs_tps"] == [90.0, 110.0, 101.0] and (case["tps_min"], case["tps_max"]) == (90.0, 110.0)
+    assert case["spread"] == 0.198 and case["repeats"] == 3 and case["failed_runs"] == ["boot failed"]
+
+
 def test_verdict_words() -> None:
     kvm = {"h0": "kvm"}
-    helped = experiment.verdict({"carved": {"aggregate_tps": 190_000}, "single": {"aggregate_tps": 70_000}}, kvm)
-    assert helped["text"].startswith("carving helped by 171%") and "caveat" not in helped
-    flat = experiment.verdict({"carved": {"aggregate_tps": 101}, "single": {"aggregate_tps": 100}}, kvm)
-    assert flat["text"].startswith("carving did not help") and "no clear difference" in flat["text"]
-    worse = experiment.verdict({"carved": {"aggregate_tps": 50}, "single": {"aggregate_tps": 100},
-                                "no-replica": {"aggregate_tps": 200}}, {"h0": "qemu"})
-    assert "cost 50%" in worse["text"] and worse["carved_over_no_replica"] == 0.25 and "TCG" in worse["caveat"]
+    helped = experiment.verdict({"carved": _case(185_000, 190_000, 195_000), "single": _case(68_000, 70_000, 72_000)},
+                                kvm)
+    assert helped["word"] == "helped" and helped["text"].startswith("carving helped by 171%"), helped
+    assert "caveat" not in helped and "n=3" in helped["text"]
+    worse = experiment.verdict({"carved": _case(48, 50, 52), "single": _case(95, 100, 105),
+                                "no-replica": _case(200, 200, 200)}, kvm)
+    assert worse["word"] == "did not help" and "cost 50%" in worse["text"] and worse["carved_over_no_replica"] == 0.25
+    # Overlapping runs: inconclusive, however far apart the medians.
+    overlap = experiment.verdict({"carved": _case(80, 120, 160), "single": _case(70, 100, 130)}, kvm)
+    assert overlap["word"] == "inconclusive" and "overlap" in overlap["text"]
+    # One run each cannot show the noise, however clear it looks.
+    once = experiment.verdict({"carved": _case(190_000), "single": _case(70_000)}, kvm)
+    assert once["word"] == "inconclusive" and "fewer than 3 runs" in once["text"]
+    # Under emulation: always inconclusive, and it says what it measured.
+    tcg = experiment.verdict({"carved": _case(185, 190, 195), "single": _case(68, 70, 72)}, {"h0": "qemu"})
+    assert tcg["word"] == "inconclusive" and "measured the emulator" in tcg["text"] and "TCG" in tcg["caveat"]
     assert "no verdict" in experiment.verdict({}, kvm)["text"]
