@@ -1,22 +1,30 @@
 """The experiment's load on several primaries at once: pgbench on every target, the host's and
-each guest's CPU split over the run, latency percentiles from pgbench's per-transaction log, and
-the PostgreSQL settings and facts each case records."""
+each guest's CPU split over the run, what the client sessions wait on (pg_stat_activity sampled
+about 10 times a second by control/waits.py, as the API does), latency percentiles from pgbench's
+per-transaction log, and the PostgreSQL settings and facts each case records."""
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import glob
 import re
+import threading
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import psycopg
+from pgcarve.control.collector import Target
 from pgcarve.control.fleet import Fleet, Guest
+from pgcarve.control.waits import WaitBreakdown, WaitSampler
 from pgcarve.postgres import admin
+from pgcarve.postgres.conninfo import admin_conninfo
 from pgcarve.postgres.pgbench import PgbenchResult, run_pgbench
+from pgcarve.postgres.statistics import WAIT_CATEGORIES
 
 from bench.harness import cpu_split, host_proc_stat, parse_proc_stat, percentile
 
@@ -77,6 +85,82 @@ def read_latencies(prefix: str) -> list[float]:
     return values
 
 
+@contextlib.contextmanager
+def waits_sampled(fleet: Fleet, targets: Sequence[LoadTarget], seconds: int,
+                  rate_hz: float = 10.0) -> Iterator[dict[str, WaitBreakdown]]:
+    """While the block runs, sample every target's pg_stat_activity about `rate_hz` times a second
+    (a sampler on an event loop of its own, in a thread); on leaving, the dict holds each target's
+    breakdown over the whole run, keyed by its label."""
+    password, tls = fleet.credentials.admin_password, fleet.client_tls
+    wanted = [Target(instance=t.label, host=t.guest.info.host,
+                     dsn=admin_conninfo(*t.guest.endpoint, password, tls))
+              for t in targets if t.guest.endpoint is not None]
+    sampler = WaitSampler(lambda: wanted, rate_hz=rate_hz, max_per_s=max(100.0, rate_hz * len(wanted)),
+                          window_s=seconds + 60.0)
+    loop = asyncio.new_event_loop()
+    stop = asyncio.Event()
+    found: dict[str, WaitBreakdown] = {}
+
+    def run() -> None:
+        loop.run_until_complete(sampler.run(stop, reconcile_s=0.5))
+
+    thread = threading.Thread(target=run, name="bench-waits", daemon=True)
+    thread.start()
+    try:
+        yield found
+    finally:
+        found.update(sampler.breakdowns())  # read before the stop drops the feeds
+        loop.call_soon_threadsafe(stop.set)
+        thread.join(30)
+        loop.close()
+
+
+def waits_doc(breakdowns: Mapping[str, WaitBreakdown]) -> dict[str, Any]:
+    """Per target and over all targets (observations pooled): each category's share."""
+    per = {label: {"samples": b.samples, "sessions": b.sessions, "error": b.error, "summary": b.summary(),
+                   "shares": {c: round(b.shares[c], 4) for c in WAIT_CATEGORIES}}
+           for label, b in breakdowns.items()}
+    sessions = sum(b.sessions for b in breakdowns.values())
+    pooled = {c: round(sum(b.shares[c] * b.sessions for b in breakdowns.values()) / sessions, 4) if sessions else 0.0
+              for c in WAIT_CATEGORIES}
+    return {"per_target": per, "shares": pooled, "sessions": sessions}
+
+
+# The experiment's symptom: most client time waits for the standby while the CPUs sit idle and
+# the kernel's share of busy time is at least user space's (kernel mutexes behind epoll_ctl).
+SYMPTOM_SYNCREP_SHARE = 0.5
+SYMPTOM_IDLE_SHARE = 0.3
+
+
+def symptom(waits: Mapping[str, Any], cpu: Mapping[str, float] | None) -> dict[str, Any]:
+    """Whether the experiment's symptom shows in one case: `waits` from waits_doc, `cpu` the
+    primaries' CPU split (their guests' mean, else the host's)."""
+    syncrep = float(waits.get("shares", {}).get("SyncRep", 0.0))
+    if not waits.get("sessions") or not cpu:
+        return {"shows": None, "text": "not measured: no wait samples or no CPU split"}
+    idle, user, system = cpu["idle"], cpu["user"], cpu["system"]
+    checks = {
+        f"commits wait on the standby ({syncrep * 100:.0f}% of client time in SyncRep, "
+        f"threshold {SYMPTOM_SYNCREP_SHARE * 100:.0f}%)": syncrep >= SYMPTOM_SYNCREP_SHARE,
+        f"CPUs sit idle ({idle * 100:.0f}% idle, threshold {SYMPTOM_IDLE_SHARE * 100:.0f}%)":
+            idle >= SYMPTOM_IDLE_SHARE,
+        f"kernel time high ({system * 100:.0f}% system vs {user * 100:.0f}% user)": 0 < system >= user,
+    }
+    shows = all(checks.values())
+    missing = [what for what, ok in checks.items() if not ok]
+    text = ("the experiment's symptom shows: " + "; ".join(checks) if shows else
+            "the experiment's symptom does not show: not " + "; not ".join(missing))
+    return {"shows": shows, "text": text, "syncrep_share": round(syncrep, 4), "cpu": dict(cpu)}
+
+
+def mean_cpu(splits: Sequence[Mapping[str, float] | None]) -> dict[str, float] | None:
+    """The mean user/system/idle of the guests that reported a split."""
+    known = [c for c in splits if c]
+    if not known:
+        return None
+    return {k: round(sum(c[k] for c in known) / len(known), 4) for k in ("user", "system", "idle")}
+
+
 def run_load(fleet: Fleet, targets: Sequence[LoadTarget], seconds: int, sampling_rate: float,
              logdir: Path) -> dict[str, Any]:
     """pgbench on every target at once; host and guest CPU split over the run; latency logs."""
@@ -92,7 +176,7 @@ def run_load(fleet: Fleet, targets: Sequence[LoadTarget], seconds: int, sampling
                            extra_args=extra, tls=fleet.client_tls)
 
     t = time.time()
-    with ThreadPoolExecutor(max_workers=len(targets)) as pool:
+    with waits_sampled(fleet, targets, seconds) as breakdowns, ThreadPoolExecutor(max_workers=len(targets)) as pool:
         results = list(pool.map(one, targets))
     wall = time.time() - t
     host_after = host_proc_stat()
@@ -122,5 +206,7 @@ def run_load(fleet: Fleet, targets: Sequence[LoadTarget], seconds: int, sampling
         "wall_s": round(wall, 2),
         "host_cpu": cpu_split(host_before, host_after),
         "guest_cpu": guest_cpu,
+        "waits": (waits := waits_doc(breakdowns)),
+        "symptom": symptom(waits, mean_cpu(list(guest_cpu.values())) or cpu_split(host_before, host_after)),
         "per_instance": per_target,
     }

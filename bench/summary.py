@@ -140,6 +140,18 @@ def summary_markdown(out: Path) -> str:
             lines.append(f"| {case}{mark} | {r['aggregate_tps']:.0f} | {tps_runs}{spread} | "
                          f"{per} | {r['latency_p50_ms']:.2f} | {r['latency_p99_ms']:.2f} | "
                          f"{cpu['user'] * 100:.0f}% / {cpu['system'] * 100:.0f}% | {guest_cpu} | {r['how']} |")
+        waited = [(case, ex["cases"][case]) for case in EXPERIMENT_CASES
+                  if case in ex["cases"] and "waits" in ex["cases"][case]]
+        if waited:
+            shown = ("SyncRep", "WAL write", "WAL insert", "other LWLocks", "IPC", "client", "CPU")
+            lines += ["", "What client sessions waited on (share of `pg_stat_activity` samples, about 10 a second "
+                      "on every primary; the run nearest the median):", "",
+                      "| case | " + " | ".join(shown) + " | the experiment's symptom |",
+                      "|---|" + "---|" * (len(shown) + 1)]
+            for case, r in waited:
+                shares = r["waits"]["shares"]
+                lines.append(f"| {case} | " + " | ".join(f"{shares.get(c, 0) * 100:.0f}%" for c in shown)
+                             + f" | {r.get('symptom', {}).get('text', 'n/a')} |")
         v = ex.get("verdict", {})
         ratios = ", ".join(f"{k} = {val}" for k, val in v.items() if k.startswith("carved_over"))
         lines += ["", f"**Verdict: {v.get('text', 'n/a')}.**" + (f" Ratios: {ratios}." if ratios else "")]

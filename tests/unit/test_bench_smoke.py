@@ -11,14 +11,17 @@ import shutil
 import subprocess
 import sys
 from pathlib import Path
+from types import MappingProxyType
 
 import pytest
 from pgcarve.control.fleet import Fleet
+from pgcarve.control.waits import WaitBreakdown
 from pgcarve.errors import ConfigError
 from pgcarve.planning.topology import parse_capabilities
+from pgcarve.postgres.statistics import WAIT_CATEGORIES
 from pgcarve.settings import Paths
 
-from bench import control_plane, experiment, harness, simulated_hosts, summary
+from bench import control_plane, experiment, harness, load, simulated_hosts, summary
 from tests.support.testdriver import OVERLAY_GIB, TestDriverHost
 
 REPO = Path(__file__).resolve().parents[2]
@@ -128,3 +131,20 @@ def test_verdict_words() -> None:
     tcg = experiment.verdict({"carved": _case(185, 190, 195), "single": _case(68, 70, 72)}, {"h0": "qemu"})
     assert tcg["word"] == "inconclusive" and "measured the emulator" in tcg["text"] and "TCG" in tcg["caveat"]
     assert "no verdict" in experiment.verdict({}, kvm)["text"]
+
+
+def test_the_experiments_symptom_needs_all_three_signs() -> None:
+    def breakdown(sessions: int, **shares: float) -> WaitBreakdown:
+        full = {c: 0.0 for c in WAIT_CATEGORIES} | {k.replace("_", " "): v for k, v in shares.items()}
+        return WaitBreakdown("x", samples=10, sessions=sessions, window_s=60, shares=MappingProxyType(full))
+
+    waits = load.waits_doc({"a": breakdown(30, SyncRep=0.8, CPU=0.2), "b": breakdown(10, SyncRep=0.4, client=0.6)})
+    assert waits["sessions"] == 40 and waits["shares"]["SyncRep"] == 0.7, "pooled by observations"
+    assert waits["per_target"]["b"]["shares"]["client"] == 0.6
+    shows = load.symptom(waits, {"user": 0.2, "system": 0.3, "idle": 0.5})
+    assert shows["shows"] is True and "70% of client time in SyncRep" in shows["text"], shows
+    busy = load.symptom(waits, {"user": 0.5, "system": 0.45, "idle": 0.05})
+    assert busy["shows"] is False and "not CPUs sit idle" in busy["text"] and "not kernel time high" in busy["text"]
+    assert load.symptom({"sessions": 0, "shares": {}}, None)["shows"] is None
+    assert load.mean_cpu([None, {"user": 0.2, "system": 0.4, "idle": 0.4}, {"user": 0.4, "system": 0.2, "idle": 0.4}]
+                         ) == {"user": 0.3, "system": 0.3, "idle": 0.4}
