@@ -105,17 +105,23 @@ def instance_breakdown(fleet: Fleet, rec: StepRecorder, index: int, t0: float, s
     seg: dict[str, float] = {
         "queue_and_plan": p_disk,
         "primary_disk_seed_define_start": p_started - p_disk,
-        "primary_boot_to_sql": p_sql - p_started,
     }
     ready = p_sql
     if standbys:
+        # The standbys start once the primary has an address and boot while it does
+        # (control/provisioning.py); they clone once it accepts SQL.
         snames = [f"{name}-s{s}" for s in range(1, standbys + 1)]
+        p_address = at(name, "booting at")
         s_started = max(at(s, "booting", "waiting for PostgreSQL", "standby replaying") for s in snames)
         ready = at(name, "ready")
-        seg["standby_slots_disk_seed_define_start"] = s_started - p_sql
-        seg["standby_boot_to_streaming"] = ready - s_started
+        seg["primary_boot_to_address"] = p_address - p_started
+        seg["standby_disk_seed_define_start"] = s_started - p_address
+        seg["primary_boot_to_sql"] = p_sql - s_started
+        seg["standby_clone_to_streaming"] = ready - p_sql
+    else:
+        seg["primary_boot_to_sql"] = p_sql - p_started
     control = seg["queue_and_plan"] + seg["primary_disk_seed_define_start"] + seg.get(
-        "standby_slots_disk_seed_define_start", 0.0)
+        "standby_disk_seed_define_start", 0.0)
     guest = fleet.instance(name).primary
     if guest is None:
         raise PgcarveError(f"{name} has no primary after the scale")

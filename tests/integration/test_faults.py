@@ -270,7 +270,7 @@ def test_manager_killed_mid_scale_and_libvirtd_restarted(carve_env: CarveEnv, fl
         assert carve_env.server.wait(30) == 137
         half = {g.name: g.creating for g in fleet.guests() if g.metadata.index == 2}
         print("left by the killed manager (name: still marked creating):", half)
-        assert half.get("pgc-02") is False, "the primary loses its mark before any standby exists"
+        assert half.get("pgc-02") is False, "the primary loses its mark before any standby can clone from it"
         primary = fleet.instance("pgc-02").primary
         assert primary is not None
         with fleet.connect(primary, database=CLIENT_DATABASE) as conn:

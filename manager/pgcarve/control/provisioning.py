@@ -1,11 +1,13 @@
-"""Creating instances: a primary, then its standbys cloned from it on other hosts.
+"""Creating instances: a primary, and its standbys cloned from it on other hosts.
 
 Each guest boots from a qcow2 overlay of the image and a NoCloud seed, pinned to its planned
 slot, marked "creating" in its libvirt metadata until its whole instance is built (so a manager
 killed half-way knows what it never finished: control/removal.py). A seed carries the guest's
 certificate from the fleet CA and its instance's own passwords (made with the primary's seed).
-A standby clones itself once its primary lets its address in (control/access.py), which is done
-as soon as the standby has an address.
+
+The standbys boot while their primary does: they start as soon as the primary has an address,
+which their seed names. Each clones itself (its guest retries pg_basebackup) once the primary
+accepts SQL, holds the standby's slot and lets its address in (control/access.py).
 """
 
 from __future__ import annotations
@@ -203,10 +205,11 @@ class Provisioner:
     # -- instances ---------------------------------------------------------------------------
 
     def create_instance(self, index: int, progress: Progress = no_progress) -> Instance:
-        """Create instance `index`: its primary, then its standbys cloned from it, and wait
-        until the primary accepts SQL and every standby streams from it.
+        """Create instance `index`: its primary, and its standbys booting meanwhile, cloned from
+        it once it answers; wait until the primary accepts SQL and every standby streams from it.
 
-        The primary loses its "creating" mark before any standby exists: from then on it could
+        The primary loses its "creating" mark before any standby can clone from it (a standby's
+        slot is made only after, and so is its replication access): from then on it could
         acknowledge a commit, so a restarted manager never discards it as half-made
         (control/removal.py). A failure here removes the whole instance only while it could not
         have acknowledged a commit; otherwise the instance stays and only its unfinished standbys
@@ -234,6 +237,14 @@ class Provisioner:
         if record is not None:
             self.fleet.sync_records.put(record)
         self.create_guest(primary_host, name, meta, self.primary_seed(name, record), progress)
+        standbys = list(enumerate(zip(standby_names, standby_hosts, strict=True), start=1))
+        booting: dict[str, str] = {}  # standby -> the primary address its seed names
+        if standbys:
+            # The standbys boot while the primary does; they clone once it answers (below).
+            addressed = self.wait_address(primary_host, name, progress)
+            for number, (sname, host) in standbys:
+                self.start_standby(addressed, host, sname, number, progress)
+                booting[sname] = str(addressed.address)
         primary = self.ready(primary_host, name, progress, False)
         self.fleet.hosts[primary_host.name].mark_complete(name)
         failpoint("provisioning.primary_ready")
@@ -241,8 +252,8 @@ class Provisioner:
         if not standby_names:
             return self.fleet.instance(name)
         with ThreadPoolExecutor(max_workers=len(standby_names)) as pool:
-            futures = {sname: pool.submit(self.create_standby, primary, host, sname, s, progress)
-                       for s, (sname, host) in enumerate(zip(standby_names, standby_hosts, strict=True), start=1)}
+            futures = {sname: pool.submit(self.finish_standby, primary, host, sname, number, booting[sname], progress)
+                       for number, (sname, host) in standbys}
             for sname, future in futures.items():
                 future.result()
                 replaying.add(sname)
@@ -287,19 +298,60 @@ class Provisioner:
 
     def create_standby(self, primary: Guest, host: HostConfig, name: str, number: int,
                        progress: Progress = no_progress) -> Guest:
-        """A new standby guest `name` on `host`, cloned (pg_basebackup) from `primary` through a
-        physical slot of its own; returns once it replays in recovery."""
+        """A new standby guest `name` on `host` for a primary that answers: cloned
+        (pg_basebackup) from `primary` through a physical slot of its own; returns once it
+        replays in recovery."""
         if primary.address is None:
             raise GuestNotReady(f"{primary.name} has no address to clone a standby from")
         with self.fleet.connect(primary) as conn:
             replication.create_slot(conn, slot_name(name))
+        self.start_standby(primary, host, name, number, progress)
+        guest = self.ready(host, name, progress, True)
+        progress(name, "standby replaying", 1.0)
+        return guest
+
+    def start_standby(self, primary: Guest, host: HostConfig, name: str, number: int,
+                      progress: Progress = no_progress) -> None:
+        """Disk, seed and domain of standby `name`, started: its seed names `primary`'s address,
+        which need not answer yet (the guest retries its clone until it can)."""
         meta = primary.info.metadata
         smeta = InstanceMetadata(fleet=meta.fleet, cluster=meta.cluster, role="standby", index=meta.index,
                                  standby=number)
         self.create_guest(host, name, smeta, self.standby_seed(name, primary), progress)
+        progress(name, f"booting; clones once {primary.name} answers", 0.25)
+
+    def finish_standby(self, primary: Guest, host: HostConfig, name: str, number: int, seeded_address: str,
+                       progress: Progress = no_progress) -> Guest:
+        """Standby `name`, started by `start_standby` with `seeded_address` for its primary,
+        now that `primary` answers: make its slot and wait until it replays. If the primary
+        answered at another address than the one seeded (a stale DHCP lease seen first), the
+        standby is built again the ordinary way."""
+        if primary.address != seeded_address:
+            log.warning("%s: its seed named %s for %s, which answers at %s: building it again", name,
+                        seeded_address, primary.name, primary.address)
+            remove_guest(self.fleet, self.fleet.hosts[host.name].guest(name))
+            return self.create_standby(primary, host, name, number, progress)
+        with self.fleet.connect(primary) as conn:
+            replication.create_slot(conn, slot_name(name))
         guest = self.ready(host, name, progress, True)
         progress(name, "standby replaying", 1.0)
         return guest
+
+    def wait_address(self, host: HostConfig, name: str, progress: Progress) -> Guest:
+        """Guest `name` once it has an address (its DHCP lease), well before its PostgreSQL answers."""
+        lv = self.fleet.hosts[host.name]
+        deadline = time.monotonic() + self.fleet.boot_timeout_s
+        while time.monotonic() < deadline:
+            info = lv.guest(name)
+            if info.state not in ("running", "paused"):
+                raise GuestNotReady(f"{name} on {host.name} stopped while booting (state {info.state})")
+            guest = self.fleet.reach(info)
+            if guest.address is not None:
+                progress(name, f"booting at {guest.address}; its standbys start", 0.25)
+                return guest
+            progress(name, "booting", 0.22)
+            time.sleep(0.5)
+        raise GuestNotReady(f"{name} on {host.name} got no address within {self.fleet.boot_timeout_s:.0f} s")
 
     def rejoin(self, guest: Guest, primary: Guest, number: int, progress: Progress = no_progress) -> Guest:
         """Turn a former primary of the instance (fenced or lost in a failover) into standby

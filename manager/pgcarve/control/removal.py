@@ -57,8 +57,8 @@ def discard_half_made(fleet: Fleet) -> list[str]:
     marked "creating"), and volumes of this fleet that no guest uses.
 
     An instance whose guests are *all* marked was being created by a scale-up that never got
-    past its primary's first answer (the primary's mark goes before any standby exists:
-    control/provisioning.py): it never acknowledged a commit, so it goes whole. Otherwise the
+    past its primary's first answer (the primary's mark goes before any standby can clone
+    from it: control/provisioning.py): it never acknowledged a commit, so it goes whole. Otherwise the
     instance may hold acknowledged commits and stays: only standbys still being built go (the
     HA loop builds them again), and a primary still marked is marked complete.
 

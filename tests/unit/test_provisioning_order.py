@@ -1,0 +1,116 @@
+"""The order in which Provisioner.create_instance builds an instance (control/provisioning.py):
+standbys boot while their primary does, and none can clone before the primary is complete."""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+from pgcarve.config import HostConfig
+from pgcarve.control import provisioning
+from pgcarve.control.fleet import Guest, Progress
+from pgcarve.control.provisioning import Provisioner
+from pgcarve.virt.domain_xml import InstanceMetadata
+from pgcarve.virt.host import GuestInfo
+
+
+def _info(name: str, host: str, role: str = "primary", standby: int = 0) -> GuestInfo:
+    meta = InstanceMetadata(fleet="pgc", cluster="pgc-01", role=role, index=1, standby=standby)
+    return GuestInfo(name=name, host=host, metadata=meta, state="running", vcpu_pins=((0,),), emulator_cpus=(),
+                     memory_mib=1024, mac=None)
+
+
+class Recorder(Provisioner):
+    """The real orchestration; every step that would touch libvirt or a guest is written down."""
+
+    def __init__(self, events: list[str], early_address: str = "10.77.0.5", answering_address: str = "10.77.0.5"):
+        self.events = events
+        self.early_address, self.answering_address = early_address, answering_address
+        hosts = {name: SimpleNamespace(mark_complete=lambda n, h=name: self.events.append(f"complete {n}"),
+                                       guest=lambda n, h=name: _info(n, h))
+                 for name in ("h0", "h1", "h2")}
+        fleet = SimpleNamespace(
+            config=SimpleNamespace(fleet="pgc", replication=None),
+            placement=SimpleNamespace(hosts_for=lambda index: (
+                HostConfig(name="h0", uri="test:///default"),
+                [HostConfig(name="h1", uri="test:///default"), HostConfig(name="h2", uri="test:///default")])),
+            hosts=hosts,
+            locks=SimpleNamespace(exclusive=lambda index, why: contextlib.nullcontext()),
+            connect=self._connect,
+            instance=lambda name: SimpleNamespace(standbys=tuple(
+                Guest(info=_info(f"{name}-s{n}", f"h{n}", "standby", n), address=None, endpoint=None) for n in (1, 2))),
+        )
+        super().__init__(fleet)  # type: ignore[arg-type]
+        self.ready = self._ready
+
+    @contextlib.contextmanager
+    def _connect(self, guest: Guest, **_: Any) -> Iterator[Guest]:
+        yield guest
+
+    def primary_seed(self, name: str, record: Any) -> Any:
+        return name
+
+    def standby_seed(self, name: str, primary: Guest, rejoin: bool = False) -> Any:
+        return f"{name} clones from {primary.address}"
+
+    def create_guest(self, host: HostConfig, name: str, meta: InstanceMetadata, seed: Any,
+                     progress: Progress) -> None:
+        self.events.append(f"start {name}" + (f" ({seed})" if meta.role == "standby" else ""))
+
+    def wait_address(self, host: HostConfig, name: str, progress: Progress) -> Guest:
+        self.events.append(f"address {name}")
+        return Guest(info=_info(name, host.name), address=self.early_address, endpoint=None)
+
+    def _ready(self, host: HostConfig, name: str, progress: Progress, standby: bool) -> Guest:
+        self.events.append(f"ready {name}")
+        address = "10.77.1.9" if standby else self.answering_address
+        return Guest(info=_info(name, host.name), address=address, endpoint=(address, 5432))
+
+    def wait_streaming(self, primary: Guest, standbys: list[str], progress: Progress,
+                       timeout_s: float = 300, renew_lease: bool = False) -> None:
+        self.events.append("streaming")
+
+
+@pytest.fixture(autouse=True)
+def _no_guests(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(provisioning, "initial_record", lambda *args: None)
+    monkeypatch.setattr(provisioning, "refresh_replication_access", lambda fleet, index: {})
+    monkeypatch.setattr(provisioning, "failpoint", lambda name: None)
+
+
+@pytest.fixture
+def events(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """What happened, in order; replication slots made on the primary included."""
+    happened: list[str] = []
+    monkeypatch.setattr(provisioning.replication, "create_slot", lambda conn, slot: happened.append(f"slot {slot}"))
+    return happened
+
+
+def test_standbys_start_before_the_primary_answers_and_clone_after_it_is_complete(events: list[str]) -> None:
+    Recorder(events).create_instance(1)
+    assert events[:4] == ["start pgc-01", "address pgc-01",
+                          "start pgc-01-s1 (pgc-01-s1 clones from 10.77.0.5)",
+                          "start pgc-01-s2 (pgc-01-s2 clones from 10.77.0.5)"]
+    assert events[4:6] == ["ready pgc-01", "complete pgc-01"]
+    # Slots (what lets a standby clone) only once the primary has lost its "creating" mark.
+    for n in (1, 2):
+        assert events.index("complete pgc-01") < events.index(f"slot pgcarve_pgc_01_s{n}") \
+            < events.index(f"ready pgc-01-s{n}")
+    assert events[-3:] == ["streaming", "complete pgc-01-s1", "complete pgc-01-s2"]
+
+
+def test_a_standby_seeded_with_a_stale_address_is_built_again(monkeypatch: pytest.MonkeyPatch,
+                                                              events: list[str]) -> None:
+    """The primary showed an old lease of its MAC first: the standbys' seeds named it, so they
+    are built again, the ordinary way, for the address the primary answers at."""
+    rec = Recorder(events, early_address="10.77.0.4", answering_address="10.77.0.5")
+    removed: list[str] = []
+    monkeypatch.setattr(provisioning, "remove_guest", lambda fleet, info: removed.append(info.name))
+    rec.create_instance(1)
+    assert sorted(removed) == ["pgc-01-s1", "pgc-01-s2"]
+    rebuilt = [e for e in events if e.startswith("start pgc-01-s")][2:]
+    assert sorted(rebuilt) == ["start pgc-01-s1 (pgc-01-s1 clones from 10.77.0.5)",
+                               "start pgc-01-s2 (pgc-01-s2 clones from 10.77.0.5)"]
