@@ -253,7 +253,7 @@ def planner_timing(repeat: int = 50) -> dict[str, Any]:
 def measure_scaler_path(fleet: Fleet, instances: int) -> dict[str, Any]:
     """Scaler.scale(0), then Scaler.scale(N) through the real Provisioner.create_instance; only
     the wait for PostgreSQL is replaced (guests never boot on the test driver)."""
-    log(f"control plane: Scaler.scale({instances} -> 0) (retires), purge, then Scaler.scale(0 -> {instances}) "
+    log(f"control plane: Scaler.scale({instances} -> 0) (retires), purge, then Scaler.scale 0 -> 1 -> 5 -> {instances} "
         "through Provisioner.create_instance with the guest waits stubbed")
     scaler = Scaler(fleet)
     scaler.provisioner = Provisioner(fleet, ready=accepts_sql_at_once(fleet))
@@ -265,12 +265,25 @@ def measure_scaler_path(fleet: Fleet, instances: int) -> dict[str, Any]:
     for retired in retired_instances(fleet):
         purge(fleet, retired.name)
     purge_s = time.perf_counter() - t
+    # +1, then +4 at once: the Scaler builds up to max_parallel instances side by side, so +4
+    # should cost little more than +1 (target: within 1.5x; each at most 1 s per instance).
+    t = time.perf_counter()
+    scaler.scale(1)
+    plus_one_s = time.perf_counter() - t
+    t = time.perf_counter()
+    scaler.scale(5)
+    plus_four_s = time.perf_counter() - t
     t = time.perf_counter()
     scaler.scale(instances)
     up_s = time.perf_counter() - t
     return {
         "scale_down_s": round(down_s, 3),
         "purge_retired_s": round(purge_s, 3),
+        "plus_one_s": round(plus_one_s, 3),
+        "plus_four_s": round(plus_four_s, 3),
+        "plus_four_over_plus_one": round(plus_four_s / plus_one_s, 2) if plus_one_s else None,
+        "meets_plus_targets": plus_one_s <= 1.0 and plus_four_s <= 4.0 and plus_four_s <= 1.5 * plus_one_s,
+        "scale_up_from": 5,
         "scale_up_s": round(up_s, 3),
         "seed_iso_build_ms_p50": seed_iso_ms(fleet),
         "observe_at_n_ms": time_observe(fleet, repeat=1)["with_endpoints_ms"],

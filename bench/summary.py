@@ -73,11 +73,17 @@ def summary_markdown(out: Path) -> str:
                       f"{k} {v['p50_ms']:.2f} / {v['p99_ms']:.2f}" for k, v in rec["per_instance_ms"].items()) + "."]
         if "scaler_path" in cp:
             sp = cp["scaler_path"]
-            lines += ["", f"Whole `Scaler`/`Provisioner.create_instance` path, guest waits stubbed: scale 0 → {n} "
-                      f"{sp['scale_up_s']:.1f} s, {n} → 0 {sp['scale_down_s']:.1f} s. Includes: "
+            start = sp.get("scale_up_from", 0)
+            lines += ["", "Whole `Scaler`/`Provisioner.create_instance` path, guest waits stubbed: "
+                      f"scale {start} → {n} {sp['scale_up_s']:.1f} s, {n} → 0 {sp['scale_down_s']:.1f} s. Includes: "
                       f"{sp['scale_up_includes']}. Stubbed: {sp['stubbed']}. For scale: one seed ISO build "
                       f"takes {sp.get('seed_iso_build_ms_p50', '?')} ms and one observe() at {n} instances "
                       f"{sp.get('observe_at_n_ms', '?')} ms; create_instance does one of each per instance."]
+            if "plus_one_s" in sp:
+                met = "met" if sp["meets_plus_targets"] else "NOT met"
+                lines += ["", f"From an empty fleet: +1 took {sp['plus_one_s']:.2f} s, then +4 at once "
+                          f"{sp['plus_four_s']:.2f} s ({sp['plus_four_over_plus_one']}x; targets: at most 1 s per "
+                          f"instance, +4 within 1.5x of +1: {met})."]
         lines += ["", f"![control plane]({'control-plane.png'})", ""]
     so_path = out / "scale-out.json"
     if so_path.exists():

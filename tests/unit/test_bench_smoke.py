@@ -50,6 +50,7 @@ def test_control_plane_smoke(tmp_path: Path) -> None:
     assert {"target_s", "meets_target"} <= set(rec) and {"target_ms", "meets_target"} <= set(planner)
     scaler = written["scaler_path"]
     assert scaler["instances_after"] == 16 and scaler["scale_up_s"] > 0 and scaler["seed_iso_build_ms_p50"] > 0
+    assert 0 < scaler["plus_one_s"] and 0 < scaler["plus_four_s"] and isinstance(scaler["meets_plus_targets"], bool)
     assert doc["setup"]["fleet_capacity"] == 8 * 62
     assert (tmp_path / "control-plane.png").stat().st_size > 1000
     text = summary.summary_markdown(tmp_path)
