@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Iterator
+from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
@@ -13,8 +14,12 @@ from pgcarve.config import HostConfig
 from pgcarve.control import provisioning
 from pgcarve.control.fleet import Guest, Progress
 from pgcarve.control.provisioning import Provisioner
+from pgcarve.settings import Paths
 from pgcarve.virt.domain_xml import InstanceMetadata
 from pgcarve.virt.host import GuestInfo
+
+from bench import simulated_hosts
+from tests.support import testdriver as td
 
 
 def _info(name: str, host: str, role: str = "primary", standby: int = 0) -> GuestInfo:
@@ -114,3 +119,24 @@ def test_a_standby_seeded_with_a_stale_address_is_built_again(monkeypatch: pytes
     rebuilt = [e for e in events if e.startswith("start pgc-01-s")][2:]
     assert sorted(rebuilt) == ["start pgc-01-s1 (pgc-01-s1 clones from 10.77.0.5)",
                                "start pgc-01-s2 (pgc-01-s2 clones from 10.77.0.5)"]
+
+
+def test_every_guest_of_a_multi_cluster_instance_is_told_how_many_clusters(tmp_path: Path) -> None:
+    """instance.clusters reaches the standbys' seeds too: each clones every cluster of its
+    primary (the image's pgcarve-clusters does nothing for a seed without it)."""
+    hosts = simulated_hosts
+    td_file = hosts.ensure_fixture(hosts.TESTDRIVER_FILE, hosts.testdriver_xml())
+    caps = hosts.ensure_fixture(hosts.CAPABILITIES_FILE, hosts.capabilities_xml()).read_text()
+    config = hosts.testdriver_config(1, f"test://{td_file.resolve()}")
+    config = config.model_copy(update={"instance": config.instance.model_copy(update={"clusters": 3})})
+    fleet = td.testdriver_fleet(config, Paths(tmp_path / "state", image_dir=td.stand_in_image(tmp_path / "image")),
+                                caps)
+    try:
+        provisioner = Provisioner(fleet)
+        primary = provisioner.primary_seed("pgc-01", None)
+        addressed = Guest(info=_info("pgc-01", "db1"), address="10.77.0.5", endpoint=None)
+        standby = provisioner.standby_seed("pgc-01-s1", addressed)
+        assert primary.instance_json()["clusters"] == 3
+        assert standby.instance_json()["clusters"] == 3
+    finally:
+        fleet.close()

@@ -94,7 +94,7 @@ class Provisioner:
             primary_host=primary_host,
             rejoin=rejoin,
             fence_after_s=config.recovery.fence_after_s,
-            clusters=config.instance.clusters if role == "primary" else 1,
+            clusters=config.instance.clusters,  # a standby clones each of its primary's clusters
         )
 
     def primary_seed(self, name: str, record: SyncRecord | None) -> GuestSeed:
