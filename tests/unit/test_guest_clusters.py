@@ -20,8 +20,8 @@ from typing import Any
 import pytest
 from pgcarve.config import InstanceSize
 from pgcarve.errors import ConfigError
-from pgcarve.guest.credentials import Credentials
-from pgcarve.guest.seed import GuestSeed
+
+from tests.support.seeds import guest_seed
 
 ROOTFS = Path(__file__).resolve().parents[2] / "images" / "rootfs"
 SCRIPT = ROOTFS / "usr" / "local" / "sbin" / "pgcarve-clusters"
@@ -170,13 +170,12 @@ def test_bad_standby_seeds_are_refused(script: ModuleType, fields: dict[str, obj
 
 @pytest.mark.parametrize("role", ["primary", "standby"])
 def test_the_managers_seed_is_what_the_script_reads(script: ModuleType, role: str) -> None:
-    creds = Credentials(admin_password="A" * 32, replication_password="R" * 32)
-    one = GuestSeed("pgcbm0a1b-01" + ("-s1" if role == "standby" else ""), role, creds, ("10.77.0.0/16",),
-                    primary_host="10.77.0.12" if role == "standby" else None)
+    name = "pgcbm0a1b-01" + ("-s1" if role == "standby" else "")
+    one = guest_seed(name, role, ("10.77.0.0/16",))
     assert "clusters" not in one.instance_json()  # ordinary guests' seeds do not change
     write_seed(script, {**one.instance_json(), "clusters": 1})
     assert script.load_seed() is None
-    three = GuestSeed(one.name, role, creds, one.allowed_cidrs, primary_host=one.primary_host, clusters=3)
+    three = guest_seed(name, role, ("10.77.0.0/16",), clusters=3)
     write_seed(script, three.instance_json())
     loaded = script.load_seed()
     assert loaded is not None and loaded["clusters"] == 3 and loaded["role"] == role
@@ -184,9 +183,8 @@ def test_the_managers_seed_is_what_the_script_reads(script: ModuleType, role: st
 
 @pytest.mark.parametrize("count", [0, 17])
 def test_the_manager_refuses_what_the_script_would(count: int) -> None:
-    creds = Credentials(admin_password="A" * 32, replication_password="R" * 32)
     with pytest.raises(ConfigError, match=r"clusters must be 1\.\.16"):
-        GuestSeed("pgc-01", "primary", creds, (), clusters=count)
+        guest_seed("pgc-01", "primary", clusters=count)
     with pytest.raises(ValueError, match="clusters"):
         InstanceSize(clusters=count)
 
