@@ -31,11 +31,13 @@ def _info(name: str, host: str, role: str = "primary", standby: int = 0) -> Gues
 class Recorder(Provisioner):
     """The real orchestration; every step that would touch libvirt or a guest is written down."""
 
-    def __init__(self, events: list[str], early_address: str = "10.77.0.5", answering_address: str = "10.77.0.5"):
+    def __init__(self, events: list[str], early_address: str = "10.77.0.5", answering_address: str = "10.77.0.5",
+                 old_lease: str | None = None):
         self.events = events
         self.early_address, self.answering_address = early_address, answering_address
         hosts = {name: SimpleNamespace(mark_complete=lambda n, h=name: self.events.append(f"complete {n}"),
-                                       guest=lambda n, h=name: _info(n, h))
+                                       guest=lambda n, h=name: _info(n, h),
+                                       guest_address=lambda n, network, mac: old_lease)
                  for name in ("h0", "h1", "h2")}
         fleet = SimpleNamespace(
             config=SimpleNamespace(fleet="pgc", replication=None),
@@ -119,6 +121,17 @@ def test_a_standby_seeded_with_a_stale_address_is_built_again(monkeypatch: pytes
     rebuilt = [e for e in events if e.startswith("start pgc-01-s")][2:]
     assert sorted(rebuilt) == ["start pgc-01-s1 (pgc-01-s1 clones from 10.77.0.5)",
                                "start pgc-01-s2 (pgc-01-s2 clones from 10.77.0.5)"]
+
+
+def test_a_name_with_an_old_lease_builds_its_standbys_once_the_primary_answers(events: list[str]) -> None:
+    """pgc-01 existed before and its old DHCP lease is still listed: the address seen first may
+    not be the new guest's, so the standbys are made the ordinary way, after the primary answers."""
+    Recorder(events, old_lease="10.77.0.4").create_instance(1)
+    assert "address pgc-01" not in events
+    assert events[:3] == ["start pgc-01", "ready pgc-01", "complete pgc-01"]
+    for n in (1, 2):
+        assert events.index(f"slot pgcarve_pgc_01_s{n}") < events.index(
+            f"start pgc-01-s{n} (pgc-01-s{n} clones from 10.77.0.5)") < events.index(f"ready pgc-01-s{n}")
 
 
 def test_every_guest_of_a_multi_cluster_instance_is_told_how_many_clusters(tmp_path: Path) -> None:

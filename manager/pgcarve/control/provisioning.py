@@ -239,7 +239,12 @@ class Provisioner:
         self.create_guest(primary_host, name, meta, self.primary_seed(name, record), progress)
         standbys = list(enumerate(zip(standby_names, standby_hosts, strict=True), start=1))
         booting: dict[str, str] = {}  # standby -> the primary address its seed names
-        if standbys:
+        # A name used before (purged, discarded) may still have its old DHCP lease listed, and the
+        # new guest may get another address: then the standbys wait until the primary answers
+        # at its own address, as they would have to be built again otherwise.
+        reused = bool(standbys) and self.fleet.hosts[primary_host.name].guest_address(
+            name, primary_host.network, mac_for(fleet_name, name)) is not None
+        if standbys and not reused:
             # The standbys boot while the primary does; they clone once it answers (below).
             addressed = self.wait_address(primary_host, name, progress)
             for number, (sname, host) in standbys:
@@ -253,6 +258,7 @@ class Provisioner:
             return self.fleet.instance(name)
         with ThreadPoolExecutor(max_workers=len(standby_names)) as pool:
             futures = {sname: pool.submit(self.finish_standby, primary, host, sname, number, booting[sname], progress)
+                       if sname in booting else pool.submit(self.create_standby, primary, host, sname, number, progress)
                        for number, (sname, host) in standbys}
             for sname, future in futures.items():
                 future.result()
