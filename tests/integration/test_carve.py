@@ -190,11 +190,15 @@ def test_api_aggregate_tps_matches_pgbench(carve_env: CarveEnv) -> None:
 
 
 def test_waits_show_commits_waiting_for_their_standby(carve_env: CarveEnv) -> None:
-    """GET /v1/instances/{name}/waits while the experiment's insert load runs: the live sampler
-    sees the client sessions, and commits waiting for the synchronous standby among them."""
+    """GET /v1/instances/{name}/waits while the experiment's insert load runs: the live sampler,
+    started by the first request, sees the client sessions, and commits waiting for the
+    synchronous standby among them."""
     fleet = fleet_of(carve_env)
     primary = fleet.instance("pgc-01").primary
     assert primary is not None
+    with carve_env.client() as client:  # nobody asked yet: not sampled; asking starts it
+        first = client.get("/v1/instances/pgc-01/waits").json()
+    assert first["samples"] == 0 and first["error"].startswith("not sampled yet"), first
     run_pgbench(primary.name, primary.endpoint, fleet.credentials.admin_password, 4, 2, 8)
     with carve_env.client() as client:
         waits = client.get("/v1/instances/pgc-01/waits").json()

@@ -3,12 +3,14 @@ the API's view of it on libvirt's test driver (no PostgreSQL answers there: samp
 
 from __future__ import annotations
 
+import asyncio
 from pathlib import Path
 
 import pytest
 from fastapi.testclient import TestClient
 from hypothesis import given
 from hypothesis import strategies as st
+from pgcarve.control.collector import Target
 from pgcarve.control.waits import WaitSampler, breakdown_of
 from pgcarve.postgres.statistics import WAIT_CATEGORIES, WAIT_MEANING, wait_category, wait_counts
 
@@ -81,3 +83,33 @@ def test_waits_route(tmp_path: Path) -> None:
         assert doc["error"].startswith("sampling is off") and doc["summary"].startswith("not sampled")
         assert client.get("/v1/instances/pgc-99/waits").status_code == 404
         assert "/v1/instances/{name}/waits" in client.get("/openapi.json").json()["paths"]
+
+
+def test_on_demand_samples_only_instances_someone_asked_for() -> None:
+    """The API's sampler: an instance is sampled from the first request for its breakdown until
+    on_demand_s after the last one; nobody asking, no statement reaches its primary."""
+    now = [1000.0]
+    targets = [Target(instance=name, host="h0", dsn="host=127.0.0.1 port=1 dbname=x connect_timeout=1")
+               for name in ("pgc-01", "pgc-02")]
+    sampler = WaitSampler(lambda: targets, rate_hz=1, on_demand_s=120, clock=lambda: now[0])
+
+    async def scenario() -> list[set[str]]:
+        seen = []
+        sampler._reconcile()
+        seen.append(set(sampler._feeds))
+        assert sampler.breakdown("pgc-01") is None  # asking starts it
+        sampler._reconcile()
+        seen.append(set(sampler._feeds))
+        now[0] += 100
+        sampler.breakdown("pgc-01")  # asked again: 120 s more
+        now[0] += 100
+        sampler._reconcile()
+        seen.append(set(sampler._feeds))
+        now[0] += 21
+        sampler._reconcile()
+        seen.append(set(sampler._feeds))
+        await sampler.aclose()
+        return seen
+
+    assert asyncio.run(scenario()) == [set(), {"pgc-01"}, {"pgc-01"}, set()]
+    assert WaitSampler(lambda: targets).on_demand_s is None  # the bench's: every target, always

@@ -41,6 +41,10 @@ from pgcarve.virt.events import start_event_loop
 
 log = logging.getLogger("pgcarve.control.service")
 
+# How long the API keeps sampling an instance's pg_stat_activity after the last request for what
+# its commits wait on (GET /v1/instances/{name}/waits; the dashboard asks every 2 s while open).
+WAITS_ON_DEMAND_S = 120.0
+
 
 @dataclass(frozen=True)
 class FleetView:
@@ -66,7 +70,9 @@ class ManagerService:
         self.operations = OperationQueue(self._run_operation, journal=paths.state_dir / "operations.json")
         self.tracker = RateTracker(history_seconds=3600)
         self.collector = Collector(self._targets, self.tracker, interval_s=collect_interval_s) if collect else None
-        self.waits = WaitSampler(self._targets, rate_hz=waits_hz) if collect and waits_hz > 0 else None
+        # Sampled only while someone looks (the dashboard asks every 2 s): WAITS_ON_DEMAND_S.
+        self.waits = (WaitSampler(self._targets, rate_hz=waits_hz, on_demand_s=WAITS_ON_DEMAND_S)
+                      if collect and waits_hz > 0 else None)
         self.refresh_s = refresh_s
         self._view = FleetView(instances=(), observed_at=0.0)
         self._view_lock = threading.Lock()
@@ -286,6 +292,10 @@ class ManagerService:
             return found
         if self.waits is None:
             return breakdown_of(name, [], 0.0, error="sampling is off (PGCARVE_WAITS_HZ=0, or no collector)")
+        if any(t.instance == name for t in self._targets()):
+            return breakdown_of(name, [], self.waits.window_s,
+                                error=f"not sampled yet: sampling starts now and goes on while it is asked for "
+                                      f"(stops {WAITS_ON_DEMAND_S:.0f} s after the last request)")
         return breakdown_of(name, [], self.waits.window_s, error="the primary has no address yet")
 
     def incidents(self) -> list[Incident]:

@@ -103,10 +103,17 @@ class WaitSampler:
     """Samples every target's pg_stat_activity into a rolling window per instance."""
 
     def __init__(self, targets: Callable[[], Sequence[Target]], *, rate_hz: float = 10.0, max_per_s: float = 100.0,
-                 window_s: float = 30.0, timeout_s: float = 3.0,
+                 window_s: float = 30.0, timeout_s: float = 3.0, on_demand_s: float | None = None,
                  clock: Callable[[], float] = time.monotonic) -> None:
+        """`on_demand_s`: sample an instance only while someone asked for its breakdown within
+        that many seconds (the API: a query several times a second costs a busy or emulated
+        guest real CPU, so nobody watching means no sampling); None: sample every target."""
         if rate_hz <= 0 or max_per_s <= 0 or window_s <= 0:
             raise ValueError("rate_hz, max_per_s and window_s must be positive")
+        if on_demand_s is not None and on_demand_s <= 0:
+            raise ValueError("on_demand_s must be positive")
+        self.on_demand_s = on_demand_s
+        self._wanted: dict[str, float] = {}  # instance -> until when it is sampled (on demand)
         self._targets = targets
         self.rate_hz = rate_hz
         self.max_per_s = max_per_s
@@ -119,8 +126,15 @@ class WaitSampler:
         """Seconds between two samples of one target when there are `targets` of them."""
         return max(1.0 / self.rate_hz, targets / self.max_per_s)
 
+    def watch(self, instance: str) -> None:
+        """Someone wants the instance's breakdown: on demand, keep (or start) sampling it."""
+        if self.on_demand_s is not None:
+            self._wanted[instance] = self._clock() + self.on_demand_s
+
     def breakdown(self, instance: str) -> WaitBreakdown | None:
-        """The instance's breakdown over the window; None if it is not sampled."""
+        """The instance's breakdown over the window; None if it is not sampled (yet: on demand,
+        asking starts it)."""
+        self.watch(instance)
         feed = self._feeds.get(instance)
         if feed is None:
             return None
@@ -146,7 +160,9 @@ class WaitSampler:
             await self._drop(name)
 
     def _reconcile(self) -> None:
-        current = {t.instance: t for t in self._targets()}
+        now = self._clock()
+        self._wanted = {name: until for name, until in self._wanted.items() if until > now}
+        current = {t.instance: t for t in self._targets() if self.on_demand_s is None or t.instance in self._wanted}
         for name in [n for n in self._feeds if n not in current or self._feeds[n].target != current[n]]:
             gone = self._feeds.pop(name)
             if gone.task is not None:
