@@ -18,7 +18,9 @@ def history_server() -> Iterator[tuple[str, list[dict[str, float]]]]:
 
     class Handler(BaseHTTPRequestHandler):
         def do_GET(self) -> None:
-            body = json.dumps(points).encode()
+            # /v1/tps is the newest point; /v1/tps/history all of them.
+            latest = points[-1] if points else {"instances": {}}
+            body = json.dumps(points if self.path.startswith("/v1/tps/history") else latest).encode()
             self.send_response(200)
             self.send_header("Content-Type", "application/json")
             self.send_header("Content-Length", str(len(body)))
@@ -69,3 +71,25 @@ def test_none_when_the_history_does_not_reach_back_to_the_start(
     points += [{"at": 101.0, "aggregate_tps": 10.0, "window_s": 1.0, "xacts_total": 15},
                {"at": 109.0, "aggregate_tps": 0.0, "window_s": 1.0, "xacts_total": 25}]
     assert ApiClient(url).transactions_during(100.0, 105.0, wait_s=5) is None
+
+
+def test_no_count_when_an_instance_had_no_baseline_before_the_run(
+        history_server: tuple[str, list[dict[str, float]]]) -> None:
+    """The collector first sampled pgc-02 after the load began: its first commits are in no
+    difference of totals, so the API offers no figure rather than one short by them."""
+    url, points = history_server
+    points += [{"at": 99.0, "xacts_total": 5, "instances": {"pgc-01": {}}},
+               {"at": 101.0, "xacts_total": 15, "instances": {"pgc-01": {}, "pgc-02": {}}},
+               {"at": 109.0, "xacts_total": 95, "instances": {"pgc-01": {}, "pgc-02": {}}}]
+    client = ApiClient(url)
+    assert client.transactions_during(100.0, 105.0, wait_s=1, instances=("pgc-01", "pgc-02")) is None
+    assert client.transactions_during(100.0, 105.0, wait_s=1, instances=("pgc-01",)) == 90
+
+
+def test_waits_until_every_instance_has_a_baseline(history_server: tuple[str, list[dict[str, float]]]) -> None:
+    url, points = history_server
+    points.append({"at": 99.0, "xacts_total": 5, "instances": {"pgc-01": {}}})
+    client = ApiClient(url)
+    assert client.wait_until_sampled(["pgc-01", "pgc-02"], wait_s=0.6) == ["pgc-02"]
+    points.append({"at": 100.0, "xacts_total": 6, "instances": {"pgc-01": {}, "pgc-02": {}}})
+    assert client.wait_until_sampled(["pgc-01", "pgc-02"], wait_s=0.6) == []

@@ -112,12 +112,26 @@ class ApiClient:
         except httpx.HTTPError:
             return False
 
-    def transactions_during(self, started: float, finished: float, wait_s: float = 30) -> int | None:
+    def wait_until_sampled(self, instances: list[str], wait_s: float = 60) -> list[str]:
+        """Wait until the API's collector has a first sample (its baseline) of every one of
+        `instances`, at most `wait_s`; the names it still lacks then. A load started before an
+        instance's baseline has its first transactions in no difference of totals: a server
+        started just before the load, polling guests that are busy, takes a few rounds."""
+        deadline = time.monotonic() + wait_s
+        while True:
+            missing = sorted(set(instances) - set(self.get("/v1/tps").get("instances", {})))
+            if not missing or time.monotonic() >= deadline:
+                return missing
+            time.sleep(0.5)
+
+    def transactions_during(self, started: float, finished: float, wait_s: float = 30,
+                            instances: tuple[str, ...] = ()) -> int | None:
         """Client transactions the API counted from `started` until the load was idle after
         `finished`: the difference of its running total (xacts_total) between the last sample
         before `started` and the first sample 3 s past `finished`, so the last commits,
         published up to ~1 s late, are in it. Waits for that sample at most `wait_s`; None if
-        none arrives or the history does not reach back to `started`."""
+        none arrives, the history does not reach back to `started`, or the sample before
+        `started` had no baseline yet for one of `instances` (its early commits would be missed)."""
         settled = finished + 3
         deadline = time.monotonic() + wait_s
         while True:
@@ -125,6 +139,8 @@ class ApiClient:
             history = self.get("/v1/tps/history", seconds=seconds)
             before = [p for p in history if p["at"] <= started]
             after = [p for p in history if p["at"] >= settled]
+            if before and not set(instances) <= set(before[-1].get("instances", {})):
+                return None
             if before and after:
                 return int(after[0]["xacts_total"]) - int(before[-1]["xacts_total"])
             if time.monotonic() >= deadline or (history and not before):

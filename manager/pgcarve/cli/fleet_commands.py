@@ -150,9 +150,18 @@ def cmd_load(args: argparse.Namespace, settings: Settings) -> int:
     fleet = open_fleet(args, settings)
     console.print(f"pgbench: insert-only, {args.clients} clients x {args.jobs} threads, {args.seconds} s "
                   "on every primary at once")
-    window_start = time.time()  # before run_pgbench's CREATE TABLE, which the set-up count includes
-    primaries = [(inst.primary.name, inst.primary.endpoint) for inst in fleet.observe()
+    loaded = [inst for inst in fleet.observe() if inst.primary and inst.primary.endpoint]
+    primaries = [(inst.primary.name, inst.primary.endpoint) for inst in loaded
                  if inst.primary and inst.primary.endpoint]
+    client = ApiClient.for_settings(settings) if read_server(settings.paths) is not None else None
+    if client is not None:
+        # Count from a moment the API has every primary's baseline, or the first commits of a
+        # primary it had not polled yet would be missing from its figure (not from pgbench's).
+        unsampled = client.wait_until_sampled([inst.name for inst in loaded])
+        if unsampled:
+            out.print(f"the API has not sampled {', '.join(unsampled)} yet (its collector may not reach it); "
+                      "its count below will leave out what it did not see")
+    window_start = time.time()  # before run_pgbench's CREATE TABLE, which the set-up count includes
     results = run_concurrently(primaries, fleet.credentials.admin_password, args.clients, args.jobs, args.seconds,
                                tls=fleet.client_tls)
     table = Table(title="pgbench insert into test(info) values (null)")
@@ -163,9 +172,9 @@ def cmd_load(args: argparse.Namespace, settings: Settings) -> int:
     table.add_row("[bold]total", f"[bold]{sum(r.tps for r in results):,.1f}", "",
                   str(sum(r.transactions for r in results)), str(sum(r.failed for r in results)))
     out.print(table)
-    if read_server(settings.paths) is not None:
-        client = ApiClient.for_settings(settings)
-        counted = client.transactions_during(window_start, max(r.finished_at for r in results))
+    if client is not None:
+        counted = client.transactions_during(window_start, max(r.finished_at for r in results),
+                                             instances=tuple(inst.name for inst in loaded))
         pgbench_total = sum(r.transactions for r in results)
         setup = sum(setup_transactions(args.clients) for _ in results)
         if counted is not None:
@@ -178,7 +187,8 @@ def cmd_load(args: argparse.Namespace, settings: Settings) -> int:
                       f"set-up (connections, PREPARE, CREATE TABLE) = {expected:,}; difference {diff:+.1f}% "
                       f"(from {client.url}/v1/tps/history)")
         else:
-            out.print(f"the API at {client.url} recorded no samples after the run; its collector may be stopped")
+            out.print(f"the API at {client.url} has no count covering the whole run (no sample of every primary "
+                      "before it, or none after it; its collector may be stopped), so it is not compared with pgbench")
         out.print(f"dashboard: {client.url}/")
     if args.json:
         Path(args.json).write_text(json.dumps([{k: v for k, v in r.__dict__.items() if k != "output"}
