@@ -166,6 +166,8 @@ class InstanceRateOut(BaseModel):
     tps: float
     qps: float | None
     replay_lag_bytes: int | None
+    sampled_at: float = Field(description="unix time of this instance's newest sample: the totals hold its "
+                              "transactions up to then (older than `at` when its polls fail)")
 
 
 class TpsOut(BaseModel):

@@ -93,3 +93,21 @@ def test_waits_until_every_instance_has_a_baseline(history_server: tuple[str, li
     assert client.wait_until_sampled(["pgc-01", "pgc-02"], wait_s=0.6) == ["pgc-02"]
     points.append({"at": 100.0, "xacts_total": 6, "instances": {"pgc-01": {}, "pgc-02": {}}})
     assert client.wait_until_sampled(["pgc-01", "pgc-02"], wait_s=0.6) == []
+
+
+def test_the_count_waits_for_every_instance_to_be_polled_after_the_run(
+        history_server: tuple[str, list[dict[str, float]]]) -> None:
+    """pgc-01 was too busy to answer the collector when the load ended: the first samples after
+    the run still hold its count from before; the figure comes from the first sample with both."""
+    url, points = history_server
+
+    def point(at: float, total: int, a: float, b: float) -> dict[str, object]:
+        return {"at": at, "xacts_total": total, "instances": {"pgc-01": {"sampled_at": a}, "pgc-02": {"sampled_at": b}}}
+
+    points += [point(99.0, 5, 99.0, 99.0),
+               point(108.0, 60, 101.0, 108.0),   # pgc-01 last answered during the run
+               point(109.0, 61, 101.0, 109.0),
+               point(112.0, 95, 111.5, 112.0)]   # both polled after the run settled
+    assert ApiClient(url).transactions_during(100.0, 105.0, wait_s=1, instances=("pgc-01", "pgc-02")) == 90
+    points.pop()
+    assert ApiClient(url).transactions_during(100.0, 105.0, wait_s=0.6, instances=("pgc-01", "pgc-02")) is None

@@ -58,7 +58,8 @@ def test_first_sample_is_listed_with_zero_rate_until_second() -> None:
     tr = RateTracker()
     tr.observe(s("a", 0.0, 10**9, 10**9, lag=42))
     snap = snap_at(tr, 0.0)
-    assert snap.instances["a"] == InstanceRate(tps=0.0, qps=0.0, replay_lag_bytes=42, interval_s=0.0)
+    assert snap.instances["a"] == InstanceRate(tps=0.0, qps=0.0, replay_lag_bytes=42, interval_s=0.0,
+                                               sampled_at=1_000_000.0)
     assert not snap.instances["a"].has_rate
     assert snap.aggregate_tps == 0.0
     assert snap.window_s == 0.0
@@ -374,3 +375,19 @@ def test_totals_are_the_sum_of_every_increase_whatever_the_timing(
     snap = tr.snapshot()
     assert snap.xacts_total == expected
     assert snap.statements_total == expected
+
+
+def test_each_instance_says_when_it_was_last_sampled() -> None:
+    """A primary whose polls fail keeps its last sample's time: a count over a window is
+    complete for it only up to then (cli/client.py waits for a newer one)."""
+    tr = RateTracker(max_gap_s=5.0)
+    tr.observe(s("a", 0.0, 100))
+    tr.observe(s("b", 0.0, 100))
+    tr.observe(s("a", 1.0, 110))
+    tr.observe(s("b", 1.0, 120))
+    tr.observe(s("a", 2.0, 130))  # b's poll failed
+    snap = snap_at(tr, 2.0)
+    assert snap.instances["a"].sampled_at == 1_000_002.0
+    assert snap.instances["b"].sampled_at == 1_000_001.0
+    stale = snap_at(tr, 9.0)  # b has had no sample for longer than max_gap_s: no rate, same time
+    assert not stale.instances["b"].has_rate and stale.instances["b"].sampled_at == 1_000_001.0

@@ -22,7 +22,7 @@ def snapshot_doc(snap: Snapshot) -> dict[str, object]:
         "statements_total": snap.statements_total,
         "instances": {
             name: {"tps": round(r.tps, 3), "qps": None if r.qps is None else round(r.qps, 3),
-                   "replay_lag_bytes": r.replay_lag_bytes}
+                   "replay_lag_bytes": r.replay_lag_bytes, "sampled_at": r.sampled_at}
             for name, r in sorted(snap.instances.items())
         },
     }

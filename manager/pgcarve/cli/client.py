@@ -124,21 +124,29 @@ class ApiClient:
                 return missing
             time.sleep(0.5)
 
-    def transactions_during(self, started: float, finished: float, wait_s: float = 30,
+    def transactions_during(self, started: float, finished: float, wait_s: float = 60,
                             instances: tuple[str, ...] = ()) -> int | None:
         """Client transactions the API counted from `started` until the load was idle after
         `finished`: the difference of its running total (xacts_total) between the last sample
-        before `started` and the first sample 3 s past `finished`, so the last commits,
-        published up to ~1 s late, are in it. Waits for that sample at most `wait_s`; None if
-        none arrives, the history does not reach back to `started`, or the sample before
-        `started` had no baseline yet for one of `instances` (its early commits would be missed)."""
+        before `started` and the first one taken 3 s past `finished` (the last commits are
+        published up to ~1 s late) in which every one of `instances` was polled after that
+        moment too (a primary too busy to answer the collector is counted only up to its last
+        answer). Waits for that sample at most `wait_s`; None if none arrives, the history does
+        not reach back to `started`, or the sample before `started` had no baseline yet for one
+        of `instances` (its first commits would be missed)."""
         settled = finished + 3
+
+        def complete(point: dict[str, Any]) -> bool:
+            sampled = point.get("instances", {})
+            return point["at"] >= settled and all(
+                name in sampled and sampled[name].get("sampled_at", point["at"]) >= settled for name in instances)
+
         deadline = time.monotonic() + wait_s
         while True:
             seconds = max(1, int(time.time() - started) + 5)
             history = self.get("/v1/tps/history", seconds=seconds)
             before = [p for p in history if p["at"] <= started]
-            after = [p for p in history if p["at"] >= settled]
+            after = [p for p in history if complete(p)]
             if before and not set(instances) <= set(before[-1].get("instances", {})):
                 return None
             if before and after:

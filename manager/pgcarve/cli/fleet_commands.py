@@ -187,8 +187,9 @@ def cmd_load(args: argparse.Namespace, settings: Settings) -> int:
                       f"set-up (connections, PREPARE, CREATE TABLE) = {expected:,}; difference {diff:+.1f}% "
                       f"(from {client.url}/v1/tps/history)")
         else:
-            out.print(f"the API at {client.url} has no count covering the whole run (no sample of every primary "
-                      "before it, or none after it; its collector may be stopped), so it is not compared with pgbench")
+            out.print(f"the API at {client.url} has no count covering the whole run, so it is not compared with "
+                      "pgbench: its collector had not sampled every primary before the run, or a primary did not "
+                      "answer its collector within 60 s after it (see the server log)")
         out.print(f"dashboard: {client.url}/")
     if args.json:
         Path(args.json).write_text(json.dumps([{k: v for k, v in r.__dict__.items() if k != "output"}

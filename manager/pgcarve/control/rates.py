@@ -74,6 +74,9 @@ class InstanceRate:
     qps: float | None
     replay_lag_bytes: int | None
     interval_s: float
+    # Wall time of the sample these come from: a window's count is complete for an instance
+    # only up to here (a primary too busy to answer the collector has an older one).
+    sampled_at: float = 0.0
 
     @property
     def has_rate(self) -> bool:
@@ -114,6 +117,7 @@ def _no_rate(sample: Sample) -> InstanceRate:
         qps=None if sample.calls is None else 0.0,
         replay_lag_bytes=sample.replay_lag_bytes,
         interval_s=0.0,
+        sampled_at=sample.wall,
     )
 
 
@@ -175,6 +179,7 @@ class RateTracker:
             qps=qps,
             replay_lag_bytes=sample.replay_lag_bytes,
             interval_s=dt,
+            sampled_at=sample.wall,
         )
 
     def forget(self, instance: str) -> None:
