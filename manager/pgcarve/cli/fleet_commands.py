@@ -159,8 +159,8 @@ def cmd_load(args: argparse.Namespace, settings: Settings) -> int:
         # primary it had not polled yet would be missing from its figure (not from pgbench's).
         unsampled = client.wait_until_sampled([inst.name for inst in loaded])
         if unsampled:
-            out.print(f"the API has not sampled {', '.join(unsampled)} yet (its collector may not reach it); "
-                      "its count below will leave out what it did not see")
+            out.print(f"the API's collector has had no answer from {', '.join(unsampled)} for 60 s: the load runs "
+                      "anyway, and the API's count cannot be compared with pgbench's")
     window_start = time.time()  # before run_pgbench's CREATE TABLE, which the set-up count includes
     results = run_concurrently(primaries, fleet.credentials.admin_password, args.clients, args.jobs, args.seconds,
                                tls=fleet.client_tls)

@@ -27,7 +27,7 @@ from pgcarve.control.fleet import Fleet, Guest, Instance, Progress
 from pgcarve.control.primary_watch import PrimaryWatch
 from pgcarve.control.provisioning import Provisioner
 from pgcarve.control.recovery import Action, Repairer, RepairIncomplete, RepairStep
-from pgcarve.errors import NotFound, PgcarveError
+from pgcarve.errors import CapacityError, NotFound, PgcarveError
 from pgcarve.postgres import replication
 from pgcarve.virt.events import GuestEvent, LifecycleWatch
 
@@ -348,7 +348,10 @@ class Supervisor:
                         result = self.repairer.repair(index, self.policy, host_lost=host_lost, isolated=isolated,
                                                       progress=repair_progress(index))
                     except PgcarveError as exc:
-                        log.error("instance %d: recovery failed: %s (will try again)", index, exc)
+                        if isinstance(exc, CapacityError):  # writable, a standby short until a host is back
+                            log.warning("instance %d: not whole yet: %s (will try again)", index, exc)
+                        else:
+                            log.error("instance %d: recovery failed: %s (will try again)", index, exc)
                         steps = list(exc.steps) if isinstance(exc, RepairIncomplete) else []
                         for incident in incidents:  # what was done stays the incident's story
                             done = self._earlier.setdefault(incident.id, [])
