@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import argparse
 import re
+import signal
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -158,5 +159,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     return rc
 
 
+def _stop(signum: int, _frame: object) -> None:
+    raise KeyboardInterrupt(f"stopped by signal {signum}")
+
+
 if __name__ == "__main__":
+    # Stopping the bench stops what it started: SIGTERM, and SIGINT even where the shell that put
+    # it in the background set SIGINT to be ignored, end the run through its `finally` blocks
+    # (the sandbox and the bench's guests go).
+    signal.signal(signal.SIGINT, _stop)
+    signal.signal(signal.SIGTERM, _stop)
     sys.exit(main())
