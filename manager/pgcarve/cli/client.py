@@ -39,6 +39,11 @@ class ApiError(PgcarveError):
         self.detail = detail
 
 
+# How long `pgcarve load` waits for the API to have read every primary, before the load and
+# after it (a 1-vCPU emulated guest saturated by the load can leave its poller unanswered that long).
+SAMPLE_WAIT_S = 60.0
+
+
 class ApiClient:
     """Calls a pgcarve API server with the token from PGCARVE_TOKEN or the state directory."""
 
@@ -112,7 +117,7 @@ class ApiClient:
         except httpx.HTTPError:
             return False
 
-    def wait_until_sampled(self, instances: list[str], wait_s: float = 60) -> list[str]:
+    def wait_until_sampled(self, instances: list[str], wait_s: float = SAMPLE_WAIT_S) -> list[str]:
         """Wait until the API's collector has a first sample (its baseline) of every one of
         `instances`, at most `wait_s`; the names it still lacks then. A load started before an
         instance's baseline has its first transactions in no difference of totals: a server
@@ -124,7 +129,7 @@ class ApiClient:
                 return missing
             time.sleep(0.5)
 
-    def transactions_during(self, started: float, finished: float, wait_s: float = 60,
+    def transactions_during(self, started: float, finished: float, wait_s: float = SAMPLE_WAIT_S,
                             instances: tuple[str, ...] = ()) -> int | None:
         """Client transactions the API counted from `started` until the load was idle after
         `finished`: the difference of its running total (xacts_total) between the last sample

@@ -10,7 +10,7 @@ from pathlib import Path
 
 from rich.table import Table
 
-from pgcarve.cli.client import ApiClient, read_server
+from pgcarve.cli.client import SAMPLE_WAIT_S, ApiClient, read_server
 from pgcarve.cli.display import (
     ProgressBoard,
     console,
@@ -150,17 +150,18 @@ def cmd_load(args: argparse.Namespace, settings: Settings) -> int:
     fleet = open_fleet(args, settings)
     console.print(f"pgbench: insert-only, {args.clients} clients x {args.jobs} threads, {args.seconds} s "
                   "on every primary at once")
-    loaded = [inst for inst in fleet.observe() if inst.primary and inst.primary.endpoint]
-    primaries = [(inst.primary.name, inst.primary.endpoint) for inst in loaded
-                 if inst.primary and inst.primary.endpoint]
+    # instance name -> (its primary guest, how to reach it)
+    loaded = {inst.name: (inst.primary.name, inst.primary.endpoint) for inst in fleet.observe()
+              if inst.primary and inst.primary.endpoint}
+    primaries = list(loaded.values())
     client = ApiClient.for_settings(settings) if read_server(settings.paths) is not None else None
     if client is not None:
         # Count from a moment the API has every primary's baseline, or the first commits of a
         # primary it had not polled yet would be missing from its figure (not from pgbench's).
-        unsampled = client.wait_until_sampled([inst.name for inst in loaded])
+        unsampled = client.wait_until_sampled(list(loaded))
         if unsampled:
-            out.print(f"the API's collector has had no answer from {', '.join(unsampled)} for 60 s: the load runs "
-                      "anyway, and the API's count cannot be compared with pgbench's")
+            out.print(f"the API's collector has had no answer from {', '.join(unsampled)} for {SAMPLE_WAIT_S:.0f} s: "
+                      "the load runs anyway, and the API's count cannot be compared with pgbench's")
     window_start = time.time()  # before run_pgbench's CREATE TABLE, which the set-up count includes
     results = run_concurrently(primaries, fleet.credentials.admin_password, args.clients, args.jobs, args.seconds,
                                tls=fleet.client_tls)
@@ -174,7 +175,7 @@ def cmd_load(args: argparse.Namespace, settings: Settings) -> int:
     out.print(table)
     if client is not None:
         counted = client.transactions_during(window_start, max(r.finished_at for r in results),
-                                             instances=tuple(inst.name for inst in loaded))
+                                             instances=tuple(loaded))
         pgbench_total = sum(r.transactions for r in results)
         setup = sum(setup_transactions(args.clients) for _ in results)
         if counted is not None:
@@ -189,7 +190,7 @@ def cmd_load(args: argparse.Namespace, settings: Settings) -> int:
         else:
             out.print(f"the API at {client.url} has no count covering the whole run, so it is not compared with "
                       "pgbench: its collector had not sampled every primary before the run, or a primary did not "
-                      "answer its collector within 60 s after it (see the server log)")
+                      f"answer its collector within {SAMPLE_WAIT_S:.0f} s after it (see the server log)")
         out.print(f"dashboard: {client.url}/")
     if args.json:
         Path(args.json).write_text(json.dumps([{k: v for k, v in r.__dict__.items() if k != "output"}
