@@ -3,6 +3,7 @@
 import ipaddress
 import os
 import socket
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -96,3 +97,25 @@ def traffic_stays_on_this_machine() -> Iterator[None]:
     finally:
         mp.undo()
 
+
+
+# CI sees only the log of `make test`, and a run stopped at its time limit prints no summary:
+# each slow test's time, and each failure in full, go to the log as soon as they are known.
+SLOW_TEST_S = 60.0
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Iterator[None]:
+    outcome = yield
+    report = outcome.get_result()  # type: ignore[attr-defined]
+    reporter = item.config.pluginmanager.get_plugin("terminalreporter")
+    if reporter is None:
+        return
+    if report.failed:
+        reporter.write_line("")
+        reporter.write_line(f"{time.strftime('%H:%M:%S')} FAILED {report.nodeid} ({report.when}, "
+                            f"{report.duration:.0f} s):", red=True)
+        reporter.write_line(report.longreprtext)
+    elif report.when == "call" and report.duration >= SLOW_TEST_S:
+        reporter.write_line("")
+        reporter.write_line(f"{time.strftime('%H:%M:%S')} {report.nodeid}: {report.outcome} in {report.duration:.0f} s")

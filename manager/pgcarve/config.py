@@ -95,6 +95,8 @@ class HostConfig(BaseModel):
     # forward into a sandbox namespace.
     reach: Literal["direct", "sandbox"] = "direct"
     netns: str | None = Field(None, description="sandbox only: the host's network namespace")
+    core_offset: int = Field(default=0, ge=0, le=4096, description="slots start this many cores into each socket "
+                             "(the sandbox sets it: its hosts share one machine's cores)")
 
     @field_validator("uri")
     @classmethod

@@ -95,6 +95,19 @@ def test_waits_until_every_instance_has_a_baseline(history_server: tuple[str, li
     assert client.wait_until_sampled(["pgc-01", "pgc-02"], wait_s=0.6) == []
 
 
+def test_waits_for_samples_newer_than_the_last_writes(history_server: tuple[str, list[dict[str, float]]]) -> None:
+    """pgc-02 last answered the collector before the writes that came just ahead of the load: a
+    baseline that old would count those writes with the load."""
+    url, points = history_server
+    points.append({"at": 120.0, "xacts_total": 5, "instances": {"pgc-01": {"sampled_at": 119.5},
+                                                                "pgc-02": {"sampled_at": 90.0}}})
+    client = ApiClient(url)
+    assert client.wait_until_sampled(["pgc-01", "pgc-02"], wait_s=0.6, since=110.0) == ["pgc-02"]
+    points.append({"at": 121.0, "xacts_total": 9, "instances": {"pgc-01": {"sampled_at": 120.5},
+                                                                "pgc-02": {"sampled_at": 121.0}}})
+    assert client.wait_until_sampled(["pgc-01", "pgc-02"], wait_s=0.6, since=110.0) == []
+
+
 def test_the_count_waits_for_every_instance_to_be_polled_after_the_run(
         history_server: tuple[str, list[dict[str, float]]]) -> None:
     """pgc-01 was too busy to answer the collector when the load ended: the first samples after

@@ -19,7 +19,7 @@ from pgcarve.planning.planner import (
     plan_host,
     plan_to_dict,
 )
-from pgcarve.planning.topology import HostTopology, parse_capabilities
+from pgcarve.planning.topology import HostTopology, parse_capabilities, with_cores_rotated
 
 CAPS_DIR = Path(__file__).resolve().parent.parent / "data" / "capabilities"
 FIXTURES = ["local-2cpu", "single-node-64t", "two-socket-128t", "eight-node-512t", "test-driver"]
@@ -168,6 +168,30 @@ def test_tiny_host_floats_emulator_and_uses_both_cpus() -> None:
         "host has room for 2 instances of 1 vCPU / 1024 MiB (2 CPUs, 0 reserved for housekeeping); "
         "limited by CPU"
     )
+
+
+def test_rotated_cores_start_the_slots_further_along() -> None:
+    """The sandbox's standby hosts (the same machine as its primary host) start half-way along:
+    an instance's standbys then run on another core than its primary."""
+    topo = load("local-2cpu")
+    assert with_cores_rotated(topo, 0) is topo
+    assert [s.host_cpus for s in plan_host(with_cores_rotated(topo, 1), PlannerConfig(), 2).slots] == [(1,), (0,)]
+    assert [s.host_cpus for s in plan_host(with_cores_rotated(topo, 3), PlannerConfig(), 2).slots] == [(1,), (0,)]
+
+
+@pytest.mark.parametrize("name", ["single-node-64t", "two-socket-128t"])
+@pytest.mark.parametrize("offset", [1, 16, 31])
+def test_rotation_keeps_cores_whole_and_nodes_in_order(name: str, offset: int) -> None:
+    topo = load(name)
+    config = PlannerConfig(vcpus_per_instance=2, memory_mib_per_instance=1024, housekeeping_cpus=0)
+    rotated = with_cores_rotated(topo, offset)
+    plan = plan_host(rotated, config, capacity(topo, config))
+    check_invariants(rotated, config, plan)
+    assert capacity(rotated, config) == capacity(topo, config)
+    straight = plan_host(topo, config, capacity(topo, config))
+    assert sorted(s.host_cpus for s in plan.slots) == sorted(s.host_cpus for s in straight.slots)
+    assert plan.slots[0].host_cpus != straight.slots[0].host_cpus
+    assert [s.numa_node for s in plan.slots] == [s.numa_node for s in straight.slots]
 
 
 def test_auto_housekeeping_reserves_first_core_per_socket() -> None:

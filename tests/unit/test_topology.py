@@ -190,3 +190,15 @@ def test_cpuset_strings() -> None:
 @given(st.sets(st.integers(min_value=0, max_value=600)))
 def test_cpuset_round_trip(ids: set[int]) -> None:
     assert parse_cpuset(format_cpuset(ids)) == tuple(sorted(ids))
+
+
+def test_sandbox_standby_hosts_start_half_way_along_the_machine(tmp_path: Path,
+                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    """The sandbox's hosts share one machine: its standby hosts' slots start half-way along its
+    cores, so an instance's standbys do not run on its primary's core."""
+    from pgcarve.sandbox import hosts as sandbox_hosts
+
+    monkeypatch.setattr(sandbox_hosts, "machine_cores_per_socket", lambda: 2)
+    config = sandbox_hosts.Sandbox(tmp_path / "sandbox").fleet_config(3)
+    assert [(h.role, h.core_offset) for h in config.hosts] == [("primary", 0), ("standby", 1), ("standby", 1)]
+    assert sandbox_hosts.Sandbox(tmp_path / "other").fleet_config(1).hosts[0].core_offset == 0

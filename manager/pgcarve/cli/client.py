@@ -117,14 +117,19 @@ class ApiClient:
         except httpx.HTTPError:
             return False
 
-    def wait_until_sampled(self, instances: list[str], wait_s: float = SAMPLE_WAIT_S) -> list[str]:
-        """Wait until the API's collector has a first sample (its baseline) of every one of
-        `instances`, at most `wait_s`; the names it still lacks then. A load started before an
-        instance's baseline has its first transactions in no difference of totals: a server
-        started just before the load, polling guests that are busy, takes a few rounds."""
+    def wait_until_sampled(self, instances: list[str], wait_s: float = SAMPLE_WAIT_S,
+                           since: float = 0.0) -> list[str]:
+        """Wait until the API's collector has sampled every one of `instances` at or after the
+        unix time `since` (0: any first sample, its baseline), at most `wait_s`; the names it
+        still lacks then. A load started before an instance's baseline has its first transactions
+        in no difference of totals: a server started just before the load, polling guests that
+        are busy, takes a few rounds. And a baseline older than the last writes before the load
+        (a primary that did not answer for a while) would count those writes with the load."""
         deadline = time.monotonic() + wait_s
         while True:
-            missing = sorted(set(instances) - set(self.get("/v1/tps").get("instances", {})))
+            sampled = self.get("/v1/tps").get("instances", {})
+            missing = sorted(name for name in instances
+                             if name not in sampled or sampled[name].get("sampled_at", since) < since)
             if not missing or time.monotonic() >= deadline:
                 return missing
             time.sleep(0.5)

@@ -156,9 +156,10 @@ def cmd_load(args: argparse.Namespace, settings: Settings) -> int:
     primaries = list(loaded.values())
     client = ApiClient.for_settings(settings) if read_server(settings.paths) is not None else None
     if client is not None:
-        # Count from a moment the API has every primary's baseline, or the first commits of a
-        # primary it had not polled yet would be missing from its figure (not from pgbench's).
-        unsampled = client.wait_until_sampled(list(loaded))
+        # Count from a moment the API has sampled every primary afresh: the first commits of a
+        # primary it had not polled yet would be missing from its figure (not from pgbench's), and
+        # writes made before a stale sample would be in it.
+        unsampled = client.wait_until_sampled(list(loaded), since=time.time())
         if unsampled:
             out.print(f"the API's collector has had no answer from {', '.join(unsampled)} for {SAMPLE_WAIT_S:.0f} s: "
                       "the load runs anyway, and the API's count cannot be compared with pgbench's")

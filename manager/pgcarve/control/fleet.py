@@ -24,7 +24,7 @@ from pgcarve.guest.probe import DomainTypes
 from pgcarve.guest.tls import FleetCA
 from pgcarve.naming import instance_name
 from pgcarve.planning.placement import Placement
-from pgcarve.planning.topology import HostTopology, parse_capabilities
+from pgcarve.planning.topology import HostTopology, parse_capabilities, with_cores_rotated
 from pgcarve.postgres import conninfo, session
 from pgcarve.sandbox.forward import ForwardRegistry
 from pgcarve.settings import Paths
@@ -152,7 +152,7 @@ class Fleet:
             else:
                 kept.parent.mkdir(parents=True, exist_ok=True)
                 kept.write_text(xml)
-            self._topologies[host] = parse_capabilities(xml)
+            self._topologies[host] = with_cores_rotated(parse_capabilities(xml), self.config.host(host).core_offset)
         return self._topologies[host]
 
     @property

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import xml.etree.ElementTree as ET
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from pgcarve.errors import ConfigError
 
@@ -248,6 +248,28 @@ def _synthesize(cpu_topology: ET.Element) -> tuple[list[HostCpu], list[NumaNode]
     cpus.sort(key=lambda c: c.id)
     node = NumaNode(id=0, memory_mib=0, cpus=tuple(c.id for c in cpus), hugepages_2m=0)
     return cpus, [node], sockets, cores_per_socket, threads
+
+
+def with_cores_rotated(topology: HostTopology, offset: int) -> HostTopology:
+    """The same host with the cores of each socket renumbered to start `offset` cores further
+    along (modulo the socket's cores), so that slots, laid out in core order, begin there. CPU ids,
+    siblings and NUMA nodes are unchanged. The sandbox uses it: its hosts are one machine, and
+    without it every guest of an instance would share that machine's first core."""
+    if offset == 0:
+        return topology
+    cores_of: dict[tuple[int, int], list[int]] = {}
+    for cpu in topology.cpus:
+        cores = cores_of.setdefault((cpu.node, cpu.socket), [])
+        if cpu.core not in cores:
+            cores.append(cpu.core)
+    for cores in cores_of.values():
+        cores.sort()
+
+    def renumbered(cpu: HostCpu) -> HostCpu:
+        cores = cores_of[(cpu.node, cpu.socket)]
+        return replace(cpu, core=(cores.index(cpu.core) - offset) % len(cores))
+
+    return replace(topology, cpus=tuple(renumbered(cpu) for cpu in topology.cpus))
 
 
 def parse_capabilities(xml: str) -> HostTopology:
