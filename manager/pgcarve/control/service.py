@@ -44,6 +44,8 @@ log = logging.getLogger("pgcarve.control.service")
 # How long the API keeps sampling an instance's pg_stat_activity after the last request for what
 # its commits wait on (GET /v1/instances/{name}/waits; the dashboard asks every 2 s while open).
 WAITS_ON_DEMAND_S = 120.0
+# How long the collector waits for a primary's answer to its statistics query.
+STATS_QUERY_TIMEOUT_S = 10.0
 
 
 @dataclass(frozen=True)
@@ -69,7 +71,11 @@ class ManagerService:
         paths.state_dir.mkdir(parents=True, exist_ok=True)
         self.operations = OperationQueue(self._run_operation, journal=paths.state_dir / "operations.json")
         self.tracker = RateTracker(history_seconds=3600)
-        self.collector = Collector(self._targets, self.tracker, interval_s=collect_interval_s) if collect else None
+        # A primary busy under load (seconds under emulation) still gives its sample late, where a
+        # 3 s limit dropped the session and a new one cost more. Rounds do not wait for a slow
+        # poll (round_timeout_s), and connecting keeps its 3 s.
+        self.collector = (Collector(self._targets, self.tracker, interval_s=collect_interval_s,
+                                    query_timeout_s=STATS_QUERY_TIMEOUT_S) if collect else None)
         # Sampled only while someone looks (the dashboard asks every 2 s): WAITS_ON_DEMAND_S.
         self.waits = (WaitSampler(self._targets, rate_hz=waits_hz, on_demand_s=WAITS_ON_DEMAND_S)
                       if collect and waits_hz > 0 else None)
