@@ -75,7 +75,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     g.add_argument("--clients", type=int, help="total pgbench clients per case")
     g.add_argument("--threads", type=int, help="total pgbench threads per case")
     g.add_argument("--seconds", type=int, help="pgbench duration per case")
-    g.add_argument("--repeats", type=int, default=3,
+    g.add_argument("--repeats", type=_positive_int, default=3,
                    help="runs of every case, interleaved (default 3; fewer always gives an inconclusive verdict)")
     g.add_argument("--sampling-rate", type=float, help="share of transactions written to pgbench's log")
     g.add_argument("--memory-mib", type=int, help="guest memory (default: the hosts file's / sandbox's)")
@@ -160,7 +160,17 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def _stop(signum: int, _frame: object) -> None:
+    # Once only: a second signal during the clean-up would abort it and leave the sandbox up.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
     raise KeyboardInterrupt(f"stopped by signal {signum}")
+
+
+def _positive_int(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{value}: must be at least 1")
+    return value
 
 
 if __name__ == "__main__":

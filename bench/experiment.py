@@ -185,6 +185,14 @@ def verdict(results: dict[str, dict[str, Any]], domain_types: dict[str, str]) ->
         out["word"] = "none"
         out["text"] = "no verdict: needs both the carved and the single case"
         return out
+    carried = [case for case in ("carved", "single") if "carried_over_from" in results[case]]
+    if carried:
+        # Runs from another session were not interleaved with this one's: a drift of the machine
+        # between the two sessions would show as a difference.
+        out["word"] = "inconclusive"
+        out["text"] = (f"inconclusive: {' and '.join(carried)} kept from an earlier run; run carved and single "
+                       "together for a verdict")
+        return out
     c_lo, c_hi, c_n = _range(results["carved"])
     s_lo, s_hi, s_n = _range(results["single"])
     single = results["single"]["aggregate_tps"]
@@ -265,25 +273,26 @@ def experiment(out: Path | None, paths: Paths, cases: Sequence[str], params: Exp
             v = params.vcpus or (base.instance.vcpus if hosts_file is not None else 1)
             doc["params"]["vcpus_per_carved_instance_V"] = v
             doc["params"]["vcpus_single_instance"] = v * params.instances
-            plan: list[tuple[FleetConfig, int, list[str]]] = []
+            # (fleet kind, config, instances, cases); every round names its fleets afresh (bench_fleet).
+            plan: list[tuple[str, FleetConfig, int, list[str]]] = []
             if "carved" in cases:
-                plan.append((with_size(base, vcpus=v, fleet=bench_fleet("c")), params.instances, ["carved"]))
+                plan.append(("c", with_size(base, vcpus=v), params.instances, ["carved"]))
             together = [c for c in ("single", "multi-process") if c in cases]
             if together:
-                plan.append((with_size(base, vcpus=v * params.instances, fleet=bench_fleet("s")), 1, together))
+                plan.append(("s", with_size(base, vcpus=v * params.instances), 1, together))
             if "multi-instance" in cases:
-                plan.append((with_size(base, vcpus=v * params.instances, clusters=params.instances,
-                                       fleet=bench_fleet("m")), 1, ["multi-instance"]))
+                plan.append(("m", with_size(base, vcpus=v * params.instances, clusters=params.instances), 1,
+                             ["multi-instance"]))
             if "no-replica" in cases:
-                plan.append((with_size(base, vcpus=v * params.instances, standbys=0, synchronous_commit="local",
-                                       fleet=bench_fleet("n")), 1,
-                             ["no-replica"]))
+                plan.append(("n", with_size(base, vcpus=v * params.instances, standbys=0,
+                                            synchronous_commit="local"), 1, ["no-replica"]))
             runs: dict[str, list[dict[str, Any]]] = {}
             for round_no in range(params.repeats):
                 # Interleaved: every case once per round, the order rotated, so a slow drift of the
                 # machine (or one case always running first on cold caches) does not favour one case.
                 shift = round_no % len(plan) if plan else 0
-                for config, count, group in plan[shift:] + plan[:shift]:
+                for kind, planned, count, group in plan[shift:] + plan[:shift]:
+                    config = with_size(planned, fleet=bench_fleet(kind))
                     record: dict[str, Any] = {}
                     log(f"round {round_no + 1}/{params.repeats}, {'/'.join(group)}: creating {count} instance(s) "
                         f"of {config.instance.vcpus} vCPU, {config.replication.standbys} standby(s)")

@@ -26,7 +26,7 @@ from pgcarve.postgres.conninfo import admin_conninfo
 from pgcarve.postgres.pgbench import PgbenchResult, run_pgbench
 from pgcarve.postgres.statistics import WAIT_CATEGORIES
 
-from bench.harness import cpu_split, host_proc_stat, parse_proc_stat, percentile
+from bench.harness import cpu_split, host_proc_stat, log, parse_proc_stat, percentile
 
 PROGRESS_RE = re.compile(r"^progress: ([0-9.]+) s, ([0-9.]+) tps, lat ([0-9.]+) ms", re.M)
 REPORTED_SETTINGS = ("synchronous_commit", "synchronous_standby_names", "fsync", "full_page_writes",
@@ -106,13 +106,23 @@ def waits_sampled(fleet: Fleet, targets: Sequence[LoadTarget], seconds: int,
 
     thread = threading.Thread(target=run, name="bench-waits", daemon=True)
     thread.start()
+    async def read() -> dict[str, WaitBreakdown]:
+        return sampler.breakdowns()
+
     try:
         yield found
     finally:
-        found.update(sampler.breakdowns())  # read before the stop drops the feeds
+        # Read on the sampler's own loop, before the stop drops the feeds.
+        try:
+            found.update(asyncio.run_coroutine_threadsafe(read(), loop).result(30))
+        except Exception as exc:  # the case's pgbench figures still count without the waits
+            log(f"could not read what sessions waited on: {exc!r}")
         loop.call_soon_threadsafe(stop.set)
         thread.join(30)
-        loop.close()
+        if thread.is_alive():
+            log("the wait sampler did not stop within 30 s; left to end with the bench")
+        else:
+            loop.close()
 
 
 def waits_doc(breakdowns: Mapping[str, WaitBreakdown]) -> dict[str, Any]:

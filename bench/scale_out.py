@@ -116,7 +116,7 @@ def instance_breakdown(fleet: Fleet, rec: StepRecorder, index: int, t0: float, s
         ready = at(name, "ready")
         seg["primary_boot_to_address"] = p_address - p_started
         seg["standby_disk_seed_define_start"] = s_started - p_address
-        seg["primary_boot_to_sql"] = p_sql - s_started
+        seg["primary_rest_of_boot_to_sql"] = p_sql - s_started
         seg["standby_clone_to_streaming"] = ready - p_sql
     else:
         seg["primary_boot_to_sql"] = p_sql - p_started

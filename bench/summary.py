@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from pgcarve.postgres.pgbench import INSERT_SCRIPT
+from pgcarve.postgres.statistics import WAIT_CATEGORIES
 
 from bench.harness import EXPERIMENT_CASES, TARGET_GET_P99_MS, TARGET_PLANNER_MS, TARGET_RECONCILE_S
 
@@ -125,8 +126,9 @@ def summary_markdown(out: Path) -> str:
                   f"{p['seconds']} s, script `{INSERT_SCRIPT.strip()}`, "
                   f"`{p['pgbench']}`.", ""]
         lines += [f"- {note}" for note in ex.get("notes", [])]
-        lines += ["", "| case | median TPS | runs (TPS, in order) | per instance TPS | p50 ms | p99 ms | "
-                  "host CPU user/system | guest CPU user/system | how |", "|---|---|---|---|---|---|---|---|---|"]
+        lines += ["", "| case | median TPS | runs (TPS, in order) | per instance TPS (the run nearest the median) | "
+                  "p50 ms | p99 ms | host CPU user/system | guest CPU user/system | how |",
+                  "|---|---|---|---|---|---|---|---|---|"]
         for case in EXPERIMENT_CASES:
             r = ex["cases"].get(case)
             if r is None:
@@ -149,7 +151,7 @@ def summary_markdown(out: Path) -> str:
         waited = [(case, ex["cases"][case]) for case in EXPERIMENT_CASES
                   if case in ex["cases"] and "waits" in ex["cases"][case]]
         if waited:
-            shown = ("SyncRep", "WAL write", "WAL insert", "other LWLocks", "IPC", "client", "CPU")
+            shown = WAIT_CATEGORIES  # every category, so that each row adds up to 100%
             lines += ["", "What client sessions waited on (share of `pg_stat_activity` samples, about 10 a second "
                       "on every primary; the run nearest the median):", "",
                       "| case | " + " | ".join(shown) + " | the experiment's symptom |",

@@ -132,6 +132,10 @@ def test_verdict_words() -> None:
     tcg = experiment.verdict({"carved": _case(185, 190, 195), "single": _case(68, 70, 72)}, {"h0": "qemu"})
     assert tcg["word"] == "inconclusive" and "measured the emulator" in tcg["text"] and "TCG" in tcg["caveat"]
     assert "no verdict" in experiment.verdict({}, kvm)["text"]
+    # A case kept from an earlier run was not interleaved with this one's: no verdict from it.
+    kept = experiment.verdict({"carved": _case(185_000, 190_000, 195_000),
+                               "single": {**_case(68_000, 70_000, 72_000), "carried_over_from": "2026-11-20"}}, kvm)
+    assert kept["word"] == "inconclusive" and "single kept from an earlier run" in kept["text"], kept
 
 
 def test_the_experiments_symptom_needs_all_three_signs() -> None:
