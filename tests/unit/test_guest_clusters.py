@@ -97,7 +97,8 @@ class Guest:
             if action == "status":
                 return subprocess.CompletedProcess(args, 0 if name in self.running else 3)
             assert action != "start" or (self.script.DATA_ROOT / name / "PG_VERSION").exists()
-            (self.running.add if action == "start" else self.running.discard)(name)
+            if action in ("start", "stop"):
+                (self.running.add if action == "start" else self.running.discard)(name)
             return subprocess.CompletedProcess(args, 0)
         assert args[:4] == ["runuser", "-u", "postgres", "--"], args
         tool = args[4]
@@ -280,7 +281,8 @@ def test_a_standby_clones_each_cluster_from_the_same_port_of_its_primary(script:
     boot(script, guest)
     backups = guest.named("pg_basebackup")
     assert len(backups) == 3
-    conninfo = "host=10.77.0.12 port=5433 user=replicator application_name=pgcbm0a1b_01_s1"
+    conninfo = ("host=10.77.0.12 port=5433 user=replicator application_name=pgcbm0a1b_01_s1 "
+                f"sslmode=verify-ca sslrootcert={script.ETC_DIR / 'main' / 'pgcarve-ca.pem'}")
     datadir = script.DATA_ROOT / "c2"
     for backup in backups:
         assert backup[5:9] == ["-d", conninfo, "-D", str(datadir)]
@@ -319,8 +321,27 @@ def test_a_standby_whose_primary_never_answers_gives_up(script: ModuleType, monk
 
 
 def test_a_standby_cluster_follows_the_primary_cluster_on_its_port(script: ModuleType) -> None:
+    ca = script.ETC_DIR / "main" / "pgcarve-ca.pem"
     assert script.standby_conninfo(standby_seed(), 3) == ("host=10.77.0.12 port=5434 user=replicator "
-                                                          "application_name=pgcbm0a1b_01_s1")
+                                                          "application_name=pgcbm0a1b_01_s1 "
+                                                          f"sslmode=verify-ca sslrootcert={ca}")
+
+
+def test_a_new_pg_hba_reloads_every_further_cluster_that_runs(script: ModuleType) -> None:
+    # Clusters 2..N read main's pg_hba.conf; the manager reloads main only when it lets a standby in.
+    write_seed(script, seed(clusters=4))
+    guest = Guest(script)
+    boot(script, guest)
+    guest.running.discard("c4")
+    guest.commands.clear()
+    assert script.main(["pgcarve-clusters", "reload-hba"]) == 0
+    assert [c for c in guest.named("pg_ctlcluster") if c[-1] == "reload"] == [
+        ["pg_ctlcluster", "15", "c2", "reload"], ["pg_ctlcluster", "15", "c3", "reload"]]
+
+
+def test_reload_hba_does_nothing_for_one_cluster(script: ModuleType) -> None:
+    write_seed(script, seed())
+    assert script.main(["pgcarve-clusters", "reload-hba"]) == 0  # `run` refuses every command
 
 
 # -- how the image runs it --------------------------------------------------------------------
