@@ -33,7 +33,7 @@ class InstanceSize(BaseModel):
         1, ge=1, le=16,
         description="PostgreSQL clusters in each guest, on ports 5432 and up, each replicating to the same "
                     "cluster of its standbys (the benchmark's multi-instance case); the API and the manager "
-                    "see only the first",
+                    "see only the first, and never fail over or switch over such an instance",
     )
     disk_gib: int = Field(8, ge=2, le=16384, description="virtual size of each guest's disk")
     disk_reserve_mib: int = Field(

@@ -29,13 +29,23 @@ from pgcarve.control.promotion import Promotion, StandbyAnswer, decide, force
 from pgcarve.control.provisioning import Provisioner
 from pgcarve.control.sync import names_for
 from pgcarve.control.sync_record import SyncRecord
-from pgcarve.errors import FailoverRefused, GuestNotReady, PgcarveError
+from pgcarve.errors import Conflict, FailoverRefused, GuestNotReady, PgcarveError
 from pgcarve.failpoints import failpoint
 from pgcarve.naming import slot_name
 from pgcarve.postgres import replication
 from pgcarve.postgres.session import first_line
 
 log = logging.getLogger(__name__)
+
+
+def refuse_several_clusters(fleet: Fleet, inst: Instance, action: str) -> None:
+    """Conflict for an instance whose guests run several PostgreSQL clusters (instance.clusters,
+    the benchmark's layout): the manager moves only the first, and clusters 2..N would go on
+    following the old primary, or come up as primaries of their own on a rejoined guest."""
+    if fleet.config.instance.clusters > 1:
+        raise Conflict(f"{inst.name}: will not {action}: its guests run {fleet.config.instance.clusters} "
+                       "PostgreSQL clusters (instance.clusters), and the manager moves only the first; "
+                       "this layout is for the benchmark")
 
 
 @dataclass(frozen=True)
@@ -100,6 +110,7 @@ class Failover:
             progress: Progress = no_progress) -> FailoverOutcome:
         """Fail `inst` over (to `to` if given). FailoverRefused when no standby is proven (and not
         `forced`); the caller holds the instance's lock."""
+        refuse_several_clusters(self.fleet, inst, "fail over")
         record = self._record(inst)
         if record.failover_to is not None:
             # Resuming after a manager restart: the record already names the new primary.

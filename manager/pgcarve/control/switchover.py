@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 import psycopg
 
-from pgcarve.control.failover import Failover
+from pgcarve.control.failover import Failover, refuse_several_clusters
 from pgcarve.control.fleet import Fleet, Guest, Instance, Progress, no_progress
 from pgcarve.control.provisioning import Provisioner
 from pgcarve.control.sync import names_for
@@ -62,6 +62,7 @@ class Switchover:
 
     def run(self, inst: Instance, to: str | None = None, progress: Progress = no_progress) -> SwitchoverOutcome:
         """Switch `inst` over; the caller holds the instance's lock."""
+        refuse_several_clusters(self.fleet, inst, "switch over")
         primary = inst.primary
         if primary is None or primary.info.state != "running" or primary.endpoint is None:
             raise Conflict(f"{inst.name}: the primary is not running; a failover, not a switchover, is needed")

@@ -64,7 +64,6 @@ class GuestSeed:
     synchronous_commit: str = "remote_write"
     synchronous_standby_names: str = ""
     primary_host: str | None = None  # standbys: the primary's address
-    extra_hosts: dict[str, str] = field(default_factory=dict)
     # PostgreSQL clusters in the guest, on ports 5432.. (the benchmark's multi-instance case; the
     # image's pgcarve-clusters makes the ones beyond the first).
     clusters: int = 1
