@@ -1,8 +1,8 @@
 """Responses encoded once and served many times.
 
-A list route whose documents the service builds once per change (``ManagerService.instance_docs``
-returns the same list object until a refresh, a collector round or an incident changes it) need
-not validate and encode them again for every request: at hundreds of instances that work, and
+A list route whose documents the service keeps between changes (``ManagerService.instance_docs``
+returns the same list object until a view refresh, a collector round or an incident) need not
+validate and encode them again for every request: at hundreds of instances that work, and
 the garbage it leaves for Python's collector, was most of a request's time and all of its tail.
 """
 

@@ -7,18 +7,21 @@ from pgcarve_api.encoded import EncodedOnce
 from pgcarve_api.schemas import FailoverIn, InstanceOut, OperationAccepted, PurgeOut, SwitchoverIn
 
 router = APIRouter(prefix="/v1", tags=["instances"], dependencies=[ReadAuth])
-_listing = EncodedOnce(list[InstanceOut])
+# One encoding per `include` value: in a single slot, every alternate request evicted the other.
+_listings = {include: EncodedOnce(list[InstanceOut]) for include in (False, True)}
 
 
 @router.get("/instances", response_model=list[InstanceOut])
-async def list_instances(service: ServiceDep,
-                         include: Literal["retired"] | None = Query(None, description="`retired`: list retired "
-                                                                    "instances too (state retired, disks kept)"),
-                         ) -> Response:
+def list_instances(service: ServiceDep,
+                   include: Literal["retired"] | None = Query(None, description="`retired`: list retired "
+                                                              "instances too (state retired, disks kept)"),
+                   ) -> Response:
     """Every instance: its primary's pinned host CPUs, DSN and its standbys' replication state."""
-    # async: on the event loop with the collector (no thread hop, no round read half-way); the
-    # documents are built once per change and encoded once per change (pgcarve_api/encoded.py).
-    return _listing.response(service.instance_docs(include_retired=include == "retired"))
+    # Not async: the documents are built again after every collector round (files read, locks
+    # taken), which on the event loop would stall the collector and the wait sampler; FastAPI
+    # runs this in its threadpool. Encoded once per build (pgcarve_api/encoded.py).
+    retired = include == "retired"
+    return _listings[retired].response(service.instance_docs(include_retired=retired))
 
 
 @router.get("/instances/{name}", response_model=InstanceOut)

@@ -84,6 +84,7 @@ class ManagerService:
         self._view_lock = threading.Lock()
         # include_retired -> (what the documents were built from, the documents)
         self._docs: dict[bool, tuple[tuple[object, ...], list[dict[str, Any]]]] = {}
+        self._docs_lock = threading.Lock()  # one build at a time: concurrent misses wait for it
         self._refresh_wanted = threading.Event()
         self._stop = threading.Event()
         self._refresher = threading.Thread(target=self._refresh_loop, name="pgcarve-refresh", daemon=True)
@@ -188,20 +189,28 @@ class ManagerService:
         return self.collector.replication(instance) if self.collector else []
 
     def instance_docs(self, include_retired: bool = False) -> list[dict[str, Any]]:
-        """Every instance's document (retired ones too if asked). Built once per change of what
-        they are made of (a view refresh, a collector round, an incident) and shared by every read
-        until then: the same list object while nothing changed, so callers may cache what they
-        derive from it."""
-        key = self._docs_key()
+        """Every instance's document (retired ones too if asked), built again when a view
+        refresh, an incident or a collector round (about every second while collecting, whether
+        or not it changed anything) may have changed them, and shared by every read in between:
+        the same list object until then, so callers may cache what they derive from it.
+
+        Building may read files (sandbox forwards) and wait on locks: call it from a worker
+        thread, never from the event loop the collector and the wait sampler run on."""
+        key = self._docs_key()  # before building: at worst the documents are newer than their key
         cached = self._docs.get(include_retired)
         if cached is not None and cached[0] == key:
             return cached[1]
-        view = self.view
-        docs = [self._instance_doc(inst) for inst in view.instances]
-        if include_retired:
-            docs = sorted(docs + [retired_doc(r) for r in view.retired], key=lambda d: str(d["name"]))
-        self._docs[include_retired] = (key, docs)
-        return docs
+        with self._docs_lock:
+            key = self._docs_key()  # another thread may have built them meanwhile
+            cached = self._docs.get(include_retired)
+            if cached is not None and cached[0] == key:
+                return cached[1]
+            view = self.view
+            docs = [self._instance_doc(inst) for inst in view.instances]
+            if include_retired:
+                docs = sorted(docs + [retired_doc(r) for r in view.retired], key=lambda d: str(d["name"]))
+            self._docs[include_retired] = (key, docs)
+            return docs
 
     def _docs_key(self) -> tuple[object, ...]:
         incidents = self.supervisor.incidents() if self.supervisor else []
