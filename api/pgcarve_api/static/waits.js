@@ -63,20 +63,26 @@
     $("waits-summary").textContent = doc.summary;
   }
 
+  // tick runs on every change of instance and on a timer, so answers can arrive out of order: one
+  // for an instance no longer selected must not be drawn over the selected one's.
+  const stillSelected = (name) => name === $("waits-instance").value;
+
   async function tick() {
+    let name = null;
     try {
       const instances = await getJson("/v1/instances");
       syncOptions(instances.map((inst) => inst.name));
-      const name = $("waits-instance").value;
+      name = $("waits-instance").value;
       if (!name) {
         $("waits-bar").replaceChildren();
         $("waits-legend").replaceChildren();
         $("waits-summary").textContent = "No instance yet.";
         return;
       }
-      render(await getJson(`/v1/instances/${encodeURIComponent(name)}/waits`));
+      const doc = await getJson(`/v1/instances/${encodeURIComponent(name)}/waits`);
+      if (stillSelected(doc.instance)) render(doc);
     } catch (err) {
-      $("waits-summary").textContent = `Waits unavailable: ${err.message}`;
+      if (name === null || stillSelected(name)) $("waits-summary").textContent = `Waits unavailable: ${err.message}`;
     }
   }
 

@@ -124,7 +124,12 @@ class ManagerService:
         if self.collector is None:
             return
         try:
-            await asyncio.gather(self.collector.run(stop), *([self.waits.run(stop)] if self.waits else []))
+            # A task group, not gather: if one of them fails, the other is cancelled and awaited
+            # before the connections are closed under it.
+            async with asyncio.TaskGroup() as group:
+                group.create_task(self.collector.run(stop))
+                if self.waits is not None:
+                    group.create_task(self.waits.run(stop))
         finally:
             await self.collector.aclose()
 
@@ -306,7 +311,8 @@ class ManagerService:
         if found is not None:
             return found
         if self.waits is None:
-            return breakdown_of(name, [], 0.0, error="sampling is off (PGCARVE_WAITS_HZ=0, or no collector)")
+            why = "PGCARVE_WAITS_HZ=0" if self.collector is not None else "PGCARVE_COLLECT=0: nothing is polled"
+            return breakdown_of(name, [], 0.0, error=f"sampling is off ({why})")
         if any(t.instance == name for t in self._targets()):
             return breakdown_of(name, [], self.waits.window_s,
                                 error=f"not sampled yet: sampling starts now and goes on while it is asked for "

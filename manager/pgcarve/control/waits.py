@@ -55,6 +55,7 @@ class WaitBreakdown:
     window_s: float
     shares: Mapping[str, float]
     error: str | None = None
+    span_s: float | None = None  # from the oldest sample kept to now (None: the whole window)
 
     @property
     def dominant(self) -> str | None:
@@ -71,12 +72,16 @@ class WaitBreakdown:
         assert top is not None
         line = (f"{self.shares[top] * 100:.0f}% of sampled client-session time: {top} "
                 f"({WAIT_MEANING[top]}); SyncRep {self.shares['SyncRep'] * 100:.0f}%")
-        return line + f", over {self.samples} samples in {self.window_s:.0f} s"
+        # The span really covered: on demand, sampling may have begun only seconds ago.
+        span = self.window_s if self.span_s is None else self.span_s
+        plural = "s" if self.samples != 1 else ""
+        return line + f", over {self.samples} sample{plural} in {span:.{0 if span >= 10 else 1}f} s"
 
 
 def breakdown_of(instance: str, samples: Sequence[Mapping[str, int]], window_s: float,
-                 error: str | None = None) -> WaitBreakdown:
-    """Shares of each category over `samples` (sessions per category, one mapping per sample)."""
+                 error: str | None = None, span_s: float | None = None) -> WaitBreakdown:
+    """Shares of each category over `samples` (sessions per category, one mapping per sample),
+    which cover the last `span_s` seconds (None: all of `window_s`)."""
     totals = dict.fromkeys(WAIT_CATEGORIES, 0)
     for sample in samples:
         for category, count in sample.items():
@@ -84,7 +89,7 @@ def breakdown_of(instance: str, samples: Sequence[Mapping[str, int]], window_s: 
     sessions = sum(totals.values())
     shares = {c: (totals[c] / sessions if sessions else 0.0) for c in WAIT_CATEGORIES}
     return WaitBreakdown(instance=instance, samples=len(samples), sessions=sessions, window_s=window_s,
-                         shares=MappingProxyType(shares), error=error)
+                         shares=MappingProxyType(shares), error=error, span_s=span_s)
 
 
 @dataclass
@@ -138,9 +143,10 @@ class WaitSampler:
         feed = self._feeds.get(instance)
         if feed is None:
             return None
-        cutoff = self._clock() - self.window_s
-        recent = [counts for at, counts in list(feed.samples) if at >= cutoff]
-        return breakdown_of(instance, recent, self.window_s, feed.error)
+        now = self._clock()
+        recent = [(at, counts) for at, counts in list(feed.samples) if at >= now - self.window_s]
+        span = now - recent[0][0] if recent else 0.0
+        return breakdown_of(instance, [counts for _, counts in recent], self.window_s, feed.error, span)
 
     def breakdowns(self) -> dict[str, WaitBreakdown]:
         return {name: b for name in list(self._feeds) if (b := self.breakdown(name)) is not None}
@@ -149,7 +155,11 @@ class WaitSampler:
         """Sample until `stop` is set, following the target list every `reconcile_s`."""
         try:
             while not stop.is_set():
-                self._reconcile()
+                try:
+                    await self._reconcile()
+                except Exception:
+                    # Beside the TPS collector in one task group: a failure here must not stop it.
+                    log.exception("could not update the list of primaries sampled for waits; retrying")
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(stop.wait(), timeout=reconcile_s)
         finally:
@@ -159,28 +169,33 @@ class WaitSampler:
         for name in list(self._feeds):
             await self._drop(name)
 
-    def _reconcile(self) -> None:
+    async def _reconcile(self) -> None:
         now = self._clock()
         self._wanted = {name: until for name, until in self._wanted.items() if until > now}
         current = {t.instance: t for t in self._targets() if self.on_demand_s is None or t.instance in self._wanted}
         for name in [n for n in self._feeds if n not in current or self._feeds[n].target != current[n]]:
-            gone = self._feeds.pop(name)
-            if gone.task is not None:
-                gone.task.cancel()  # its finally closes the session
+            await self._drop(name)
         interval = self.interval_s(len(current))
         for name, target in current.items():
             feed = self._feeds.get(name)
             if feed is None:
                 feed = _Feed(target, interval, deque(maxlen=math.ceil(self.window_s * self.rate_hz) + 1))
-                feed.task = asyncio.create_task(self._sample_loop(feed))
+                feed.task = asyncio.create_task(self._sample_loop(feed), name=f"pgcarve-waits {name}")
                 self._feeds[name] = feed
             feed.interval_s = interval
 
     async def _drop(self, name: str) -> None:
-        feed = self._feeds.pop(name, None)
-        if feed is not None and feed.task is not None:
+        """Stop sampling `name` and close its session before returning."""
+        feed = self._feeds.get(name)
+        if feed is None:
+            return
+        if feed.task is not None:
             feed.task.cancel()
+            # Its finally closes the session. wait() neither raises the task's outcome nor
+            # swallows our own cancellation; the feed stays listed until then, so an aclose()
+            # after our cancellation still waits for it.
             await asyncio.wait({feed.task})
+        self._feeds.pop(name, None)
 
     async def _sample_loop(self, feed: _Feed) -> None:
         next_at = self._clock()
@@ -188,10 +203,16 @@ class WaitSampler:
             while True:
                 try:
                     await self.sample(feed)
-                except _SampleError as exc:
-                    if feed.error != str(exc):
-                        log.info("%s: %s", feed.target.instance, exc)
-                    feed.error = str(exc)
+                except Exception as exc:
+                    # Anything (a refused login, an odd row, a driver bug) ends in a new session
+                    # on a later tick: a dead task would leave the instance unsampled for good.
+                    known = isinstance(exc, _SampleError)
+                    message = (str(exc) if known
+                               else f"sampling PostgreSQL on {feed.target.host} failed: {first_line(exc)}")
+                    if feed.error != message:  # once per new error, with the trace if unforeseen
+                        log.log(logging.INFO if known else logging.WARNING, "%s: %s; trying again in %g s",
+                                feed.target.instance, message, _RECONNECT_S, exc_info=not known)
+                    feed.error = message
                     await self._close(feed)
                     await asyncio.sleep(_RECONNECT_S)
                     next_at = self._clock()

@@ -221,7 +221,8 @@ WAIT_MEANING = {
     "IPC": "waiting on another process, other than for the standby",
     "lock": "a heavyweight lock (row, relation, transaction id)",
     "IO": "data file reads and writes",
-    "client": "waiting for the client: its next statement, or sending it results (Client*)",
+    "client": "waiting for the client: for its next statement, idle between transactions included, "
+              "or to send it results (Client*)",
     "CPU": "running, no wait event",
     "other": "timeouts, buffer pins, extensions",
 }
