@@ -149,17 +149,22 @@ def symptom(waits: Mapping[str, Any], cpu: Mapping[str, float] | None) -> dict[s
     if not waits.get("sessions") or not cpu:
         return {"shows": None, "text": "not measured: no wait samples or no CPU split"}
     idle, user, system = cpu["idle"], cpu["user"], cpu["system"]
-    checks = {
-        f"commits wait on the standby ({syncrep * 100:.0f}% of client time in SyncRep, "
-        f"threshold {SYMPTOM_SYNCREP_SHARE * 100:.0f}%)": syncrep >= SYMPTOM_SYNCREP_SHARE,
-        f"CPUs sit idle ({idle * 100:.0f}% idle, threshold {SYMPTOM_IDLE_SHARE * 100:.0f}%)":
-            idle >= SYMPTOM_IDLE_SHARE,
-        f"kernel time high ({system * 100:.0f}% system vs {user * 100:.0f}% user)": 0 < system >= user,
-    }
-    shows = all(checks.values())
-    missing = [what for what, ok in checks.items() if not ok]
-    text = ("the experiment's symptom shows: " + "; ".join(checks) if shows else
-            "the experiment's symptom does not show: not " + "; not ".join(missing))
+    # (the sign as the experiment saw it, the same sign absent, figures, seen here)
+    checks = [
+        ("commits wait on the standby", "commits do not mostly wait on the standby",
+         f"{syncrep * 100:.0f}% of client time in SyncRep, threshold {SYMPTOM_SYNCREP_SHARE * 100:.0f}%",
+         syncrep >= SYMPTOM_SYNCREP_SHARE),
+        ("CPUs sit idle", "CPUs are busy", f"{idle * 100:.0f}% idle, threshold {SYMPTOM_IDLE_SHARE * 100:.0f}%",
+         idle >= SYMPTOM_IDLE_SHARE),
+        ("kernel time is high", "kernel time is below user time",
+         f"{system * 100:.0f}% system vs {user * 100:.0f}% user", 0 < system >= user),
+    ]
+    shows = all(seen for *_, seen in checks)
+    if shows:
+        text = "the experiment's symptom shows: " + "; ".join(f"{sign} ({figures})" for sign, _, figures, _ in checks)
+    else:
+        text = "the experiment's symptom does not show: " + "; ".join(
+            f"{absent} ({figures})" for _, absent, figures, seen in checks if not seen)
     return {"shows": shows, "text": text, "syncrep_share": round(syncrep, 4), "cpu": dict(cpu)}
 
 
