@@ -98,7 +98,6 @@ def traffic_stays_on_this_machine() -> Iterator[None]:
         mp.undo()
 
 
-
 # CI sees only the log of `make test`, and a run stopped at its time limit prints no summary:
 # each slow test's time, and each failure in full, go to the log as soon as they are known.
 SLOW_TEST_S = 60.0

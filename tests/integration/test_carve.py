@@ -134,8 +134,9 @@ def test_api_aggregate_tps_matches_pgbench(carve_env: CarveEnv) -> None:
     not compared: PostgreSQL publishes commit counts up to ~1 s late, which moves single seconds
     from one sample to the next but not in or out of a window that ends idle."""
     fleet = fleet_of(carve_env)
-    primaries = [inst.primary for inst in fleet.observe() if inst.primary]
-    names = [guest.name for guest in primaries]
+    instances = [inst for inst in fleet.observe() if inst.primary]
+    primaries = [inst.primary for inst in instances if inst.primary]
+    names = [inst.name for inst in instances]  # the API counts by instance, not by guest
     seconds, clients = 30, 4
     api = ApiClient(carve_env.url, TOKEN)
     # A sample of every primary taken after the last writes of the tests before (published up to
