@@ -19,6 +19,8 @@ from pgcarve.addresses import check_network
 from pgcarve.errors import ConfigError
 
 NAME_PATTERN = r"^[a-z][a-z0-9-]{0,30}$"
+# PostgreSQL clusters one guest may run (instance.clusters), as the image's pgcarve-clusters accepts.
+MAX_CLUSTERS = 16
 
 
 class InstanceSize(BaseModel):
@@ -30,7 +32,7 @@ class InstanceSize(BaseModel):
     )
     hugepages: bool = Field(False, description="back guest memory with 2 MiB hugepages")
     clusters: int = Field(
-        1, ge=1, le=16,
+        1, ge=1, le=MAX_CLUSTERS,
         description="PostgreSQL clusters in each guest, on ports 5432 and up, each replicating to the same "
                     "cluster of its standbys (the benchmark's multi-instance case); the API and the manager "
                     "see only the first, and never fail over or switch over such an instance",

@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Literal
 
 from pgcarve.addresses import check_address, check_network
+from pgcarve.config import MAX_CLUSTERS
 from pgcarve.errors import ConfigError
 from pgcarve.guest.credentials import Credentials, InstanceSecrets
 from pgcarve.guest.tls import KeyAndCertificate
@@ -32,7 +33,6 @@ from pgcarve.postgres.session import APP_DATABASE, APP_USER
 
 INSTANCE_NAME_RE = re.compile(r"^[a-z][a-z0-9-]{0,62}$")
 SCRAM_ITERATIONS = 4096
-MAX_CLUSTERS = 16  # as images/rootfs/usr/local/sbin/pgcarve-clusters accepts
 Role = Literal["primary", "standby"]
 
 
