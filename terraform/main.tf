@@ -1,6 +1,10 @@
-# One libvirt host's pgcarve primaries, laid out as `pgcarve plan --format tfvars` planned them:
-# the same names, pinned CPUs, NUMA node, MAC and <pgcarve:instance> metadata as the manager's
-# own guests, so the manager lists and tracks them (`pgcarve status`, the REST API).
+# One libvirt host's share of a pgcarve fleet, laid out as `pgcarve plan --host NAME --format
+# tfvars` planned it: the primaries of a primary host, or the standbys of a standby host. The
+# guests get the same names, pinned CPUs, NUMA node, MAC, reserved address and <pgcarve:instance>
+# metadata as the manager's own, so the manager lists and tracks them (`pgcarve status`, the REST
+# API). Their seeds carry what the manager would otherwise do at run time (a standby's primary and
+# its own replication slot, a primary's synchronous standbys and replication peers), so the hosts
+# can be applied in any order.
 #
 # The provider is configured by the calling root module (see examples/sandbox).
 
@@ -105,7 +109,8 @@ resource "libvirt_cloudinit_disk" "seed" {
   }
 }
 
-resource "libvirt_domain" "primary" {
+# Primaries and standbys alike: metadata.role says which, and the manager reads it from libvirt.
+resource "libvirt_domain" "guest" {
   for_each = var.instances
 
   name      = each.key
@@ -137,13 +142,31 @@ resource "libvirt_domain" "primary" {
     volume_id = split(";", libvirt_cloudinit_disk.seed[each.key].id)[0]
   }
 
+  # With addresses set, the provider reserves the address for the MAC in the network's DHCP
+  # server (live and in its stored definition) before it defines the domain. It never removes
+  # the reservation: terraform destroy leaves it (see README.md).
   network_interface {
     network_name   = var.network_name
     mac            = each.value.mac
+    addresses      = [each.value.address]
     wait_for_lease = var.wait_for_lease
   }
 
   xml {
     xslt = local.xslt[each.key]
   }
+
+  lifecycle {
+    # The provider reads addresses back from the network's leases: empty until the guest has
+    # booted far enough to ask for one, and whenever it is stopped. Without this, `terraform plan`
+    # would show an update in place then, and applying it starts a stopped guest. The address
+    # is reserved when the domain is created; the planner never moves it.
+    ignore_changes = [network_interface[0].addresses]
+  }
+}
+
+# Named "primary" while the module laid out primaries only: states from then keep their domains.
+moved {
+  from = libvirt_domain.primary
+  to   = libvirt_domain.guest
 }

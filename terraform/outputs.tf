@@ -1,3 +1,8 @@
+output "addresses" {
+  description = "Planned IPv4 address of each guest, by name: reserved for its MAC in the network's DHCP server, so the guest always gets it."
+  value       = { for name, i in var.instances : name => i.address }
+}
+
 output "base_volume" {
   description = "Name of the base image volume the guests' overlays are backed by."
   value       = libvirt_volume.base.name
@@ -5,7 +10,7 @@ output "base_volume" {
 
 output "domain_ids" {
   description = "libvirt domain UUID of each guest, by name."
-  value       = { for name, d in libvirt_domain.primary : name => d.id }
+  value       = { for name, d in libvirt_domain.guest : name => d.id }
 }
 
 output "emulator_cpus" {
@@ -19,8 +24,8 @@ output "guest_names" {
 }
 
 output "ip_addresses" {
-  description = "IPv4 addresses from the network's DHCP leases, by name (empty until a guest has a lease and terraform has refreshed)."
-  value       = { for name, d in libvirt_domain.primary : name => flatten([for nic in d.network_interface : nic.addresses]) }
+  description = "IPv4 addresses from the network's DHCP leases, by name, as of the last refresh (empty until a guest has its lease, or while it is stopped); compare with addresses."
+  value       = { for name, d in libvirt_domain.guest : name => flatten([for nic in d.network_interface : nic.addresses]) }
 }
 
 output "macs" {
@@ -36,6 +41,11 @@ output "numa_nodes" {
 output "pinned_cpus" {
   description = "Host CPU of each vCPU (vCPU k runs on element k), by name: the same slots `pgcarve plan` reports."
   value       = { for name, i in var.instances : name => i.vcpu_pins }
+}
+
+output "roles" {
+  description = "Role each guest was created with, by name: \"primary\" or \"standby\" (after a failover the manager's metadata may say otherwise; see README.md)."
+  value       = { for name, i in var.instances : name => i.metadata.role }
 }
 
 output "volumes" {

@@ -50,6 +50,7 @@ variable "image" {
 
 variable "instances" {
   type = map(object({
+    address       = string
     disk_gib      = number
     emulator_cpus = list(number)
     hugepages     = bool
@@ -66,7 +67,7 @@ variable "instances" {
     numa_node = optional(number)
     vcpu_pins = list(number)
   }))
-  description = "The primaries to create, keyed by guest name, as planned by `pgcarve plan --format tfvars`: vCPU k is pinned to host CPU vcpu_pins[k], emulator threads to emulator_cpus, memory bound to numa_node (null: unbound). metadata is the <pgcarve:instance> element the manager reads back."
+  description = "The guests to create, keyed by guest name, as planned by `pgcarve plan --host NAME --format tfvars`: primaries on a primary host, standbys on a standby host (at most one guest per instance on a host). vCPU k is pinned to host CPU vcpu_pins[k], emulator threads to emulator_cpus, memory bound to numa_node (null: unbound). address is the guest's planned IPv4 address, reserved for its MAC in the network's DHCP server (other guests' seeds name it). metadata is the <pgcarve:instance> element the manager reads back: role primary (standby 0, keyed by its instance's name, metadata.cluster) or standby (standby 1-4, keyed <cluster>-s<standby>)."
 
   validation {
     condition     = alltrue([for name, i in var.instances : can(regex("^[a-z][a-z0-9-]{0,62}$", name))])
@@ -113,14 +114,55 @@ variable "instances" {
 
   validation {
     condition = alltrue([
-      for name, i in var.instances : i.metadata.cluster == name && i.metadata.role == "primary" && i.metadata.standby == 0 && i.metadata.created_by == "terraform" && can(regex("^[a-z][a-z0-9]{0,15}$", i.metadata.fleet)) && i.metadata.index >= 1 && floor(i.metadata.index) == i.metadata.index
+      for i in values(var.instances) : can(regex("^((25[0-5]|2[0-4][0-9]|1[0-9][0-9]|[1-9]?[0-9])\\.){3}(25[0-5]|2[0-4][0-9]|1[0-9][0-9]|[1-9]?[0-9])$", i.address))
     ])
-    error_message = "metadata must describe a primary (role primary, standby 0, created_by terraform, cluster equal to the instance name, index >= 1) of a fleet named by 1-16 lower-case letters and digits."
+    error_message = "address must be a plain IPv4 address: four decimal numbers 0-255 without leading zeros, separated by dots (no prefix length, no port)."
+  }
+
+  validation {
+    condition     = length(distinct([for i in values(var.instances) : i.address])) == length(var.instances)
+    error_message = "Two instances have the same address: a host's network reserves each address for one guest."
+  }
+
+  validation {
+    condition     = alltrue([for i in values(var.instances) : contains(["primary", "standby"], i.metadata.role)])
+    error_message = "metadata.role must be \"primary\" or \"standby\"."
+  }
+
+  validation {
+    condition = alltrue([
+      for i in values(var.instances) : i.metadata.created_by == "terraform" && can(regex("^[a-z][a-z0-9]{0,15}$", i.metadata.fleet)) && i.metadata.index >= 1 && floor(i.metadata.index) == i.metadata.index
+    ])
+    error_message = "metadata needs created_by \"terraform\", a fleet name of 1-16 lower-case letters and digits starting with a letter, and an integer index >= 1."
+  }
+
+  validation {
+    condition = alltrue([
+      for i in values(var.instances) : try(i.metadata.cluster == format("%s-%02d", i.metadata.fleet, i.metadata.index), false)
+    ])
+    error_message = "metadata.cluster must be the instance's name: <fleet>-<index>, the index written with at least two digits (pgc-01)."
+  }
+
+  validation {
+    condition = alltrue([
+      for name, i in var.instances : i.metadata.role != "primary" || (i.metadata.standby == 0 && name == i.metadata.cluster)
+    ])
+    error_message = "A primary must have metadata.standby 0 and be keyed by its instance's name (metadata.cluster)."
+  }
+
+  validation {
+    condition = alltrue([
+      for name, i in var.instances : i.metadata.role != "standby" || (
+        i.metadata.standby >= 1 && i.metadata.standby <= 4 && floor(i.metadata.standby) == i.metadata.standby &&
+        try(name == format("%s-s%d", i.metadata.cluster, i.metadata.standby), false)
+      )
+    ])
+    error_message = "A standby must have metadata.standby from 1 to 4 (its number; an instance has at most 4 standbys) and be keyed by <cluster>-s<standby> (pgc-01-s1), never by the instance's name."
   }
 
   validation {
     condition     = length(distinct([for i in values(var.instances) : i.metadata.index])) == length(var.instances)
-    error_message = "Two instances have the same metadata.index."
+    error_message = "Two instances have the same metadata.index: a host holds at most one guest (primary or standby) of each instance."
   }
 }
 
@@ -144,7 +186,7 @@ variable "kernel_cmdline" {
 
 variable "network_name" {
   type        = string
-  description = "Existing libvirt network the guests' virtio NIC joins (DHCP gives them their address; the pgcarve sandbox defines \"pgcarve\" on each host)."
+  description = "Existing libvirt network the guests' virtio NIC joins (the pgcarve sandbox defines \"pgcarve\" on each host). It needs an IPv4 DHCP range: each guest's planned address is reserved there for its MAC, and the reservation outlives terraform destroy."
   default     = "pgcarve"
 
   validation {

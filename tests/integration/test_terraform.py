@@ -1,11 +1,15 @@
-"""`terraform apply` per host: the module lays out the manager's primaries, and the manager sees them.
+"""`terraform apply` per host lays out the whole fleet: primaries, and their standbys on the
+standby hosts, replicating with no manager step; the manager then sees, serves and repairs it.
 
-In its own one-host sandbox (state in /var/tmp/pgcarve-it-terraform, or PGCARVE_IT_TERRAFORM_STATE):
-`pgcarve plan --format tfvars` for one instance, `terraform init/apply` in a copy of
-terraform/examples/sandbox, then the guest must accept SQL with the fleet's credentials, carry
-the planned pinning as libvirt reports it, be listed by the manager's service, and have the same
-libvirt XML as the manager's DomainSpec for it; `terraform destroy` must leave no guest and no
-volume, and the sandbox must go down leaving nothing behind.
+In its own three-host sandbox (state in /var/tmp/pgcarve-it-terraform, or
+PGCARVE_IT_TERRAFORM_STATE): `pgcarve plan --format tfvars` for one instance on each host, one
+Terraform working directory (so one state) per host, applied standby hosts first. Then: the
+primary streams to both standbys with the planned one synchronous; the API's contract (pinned
+CPUs disjoint per host, a synchronous standby on another host); a writer through the rw endpoint
+while the primary's QEMU is killed and the manager restarts it; `terraform destroy` of one
+standby host while the writer goes on (the other standby becomes synchronous); every
+acknowledged commit on the final primary; destroy of the rest leaving no guest and no volume;
+the Terraform guest's libvirt XML equal to the manager's DomainSpec for it.
 
 Needs root, the sandbox's tools, the guest image (PGCARVE_IMAGE_DIR, default
 /var/lib/pgcarve/image) and Terraform from `make tools`. Booting under TCG takes 60-90 s.
@@ -22,21 +26,27 @@ import subprocess
 import sys
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 from pgcarve.config import FleetConfig, load_fleet_config
-from pgcarve.control.fleet import Fleet, Guest
+from pgcarve.control.fleet import Fleet
 from pgcarve.control.removal import leftovers, remove_instance
-from pgcarve.control.service import ManagerService
 from pgcarve.errors import PgcarveError
+from pgcarve.postgres.session import APP_DATABASE
+from pgcarve.processes import stop_pid
+from pgcarve.sandbox.faults import SandboxFaults
 from pgcarve.sandbox.hosts import REQUIRED_TOOLS, Sandbox
 from pgcarve.settings import Paths
 from pgcarve.virt.domain_xml import Disk, DomainSpec, InstanceMetadata, Nic
+from psycopg.conninfo import make_conninfo
 
 from tests.conftest import image_dir
+from tests.integration.conftest import free_port, wait_for
+from tests.integration.writer import AckedWriter
 
 pytestmark = pytest.mark.integration
 
@@ -46,8 +56,10 @@ TERRAFORM = TOOLS / "bin" / "terraform"
 TERRAFORMRC = TOOLS / "terraformrc"
 STATE_DIR = Path(os.environ.get("PGCARVE_IT_TERRAFORM_STATE", "/var/tmp/pgcarve-it-terraform"))
 IMAGE_DIR = Path(os.environ.get("PGCARVE_IMAGE_DIR", "/var/lib/pgcarve/image"))
-SQL_TIMEOUT_S = 420  # TCG boot is 60-90 s alone; other tests may share the two cores
 TERRAFORM_TIMEOUT_S = 600
+TOKEN = "terraform-integration-token-" + "x" * 16
+HOSTS = ("h0", "h1", "h2")
+INSTANCE = "pgc-01"
 
 
 def _why_not() -> str | None:
@@ -79,23 +91,72 @@ def log(message: str) -> None:
 class World:
     paths: Paths
     config: FleetConfig
-    workdir: Path  # the copy of terraform/examples/sandbox that terraform runs in
+    sandbox: Sandbox
+    workdirs: dict[str, Path]  # per host, a copy of terraform/examples/sandbox: one state each
     env: dict[str, str]
     timings: dict[str, float]
+    server: subprocess.Popen[bytes] | None = None
+    url: str = ""
+    applied: set[str] = field(default_factory=set)
 
-    def terraform(self, *args: str, check: bool = True, again: bool = True) -> subprocess.CompletedProcess[str]:
+    def terraform(self, host: str, *args: str, check: bool = True,
+                  again: bool = True) -> subprocess.CompletedProcess[str]:
         started = time.monotonic()
-        proc = subprocess.run([str(TERRAFORM), *args, "-no-color"], cwd=self.workdir, env=self.env,
+        proc = subprocess.run([str(TERRAFORM), *args, "-no-color"], cwd=self.workdirs[host], env=self.env,
                               capture_output=True, text=True, timeout=TERRAFORM_TIMEOUT_S, check=False)
-        log(f"terraform {args[0]}: exit {proc.returncode} in {time.monotonic() - started:.1f} s")
+        log(f"{host}: terraform {args[0]}: exit {proc.returncode} in {time.monotonic() - started:.1f} s")
         if again and args[0] == "apply" and proc.returncode != 0 and PROVIDER_ISO_READ_RACE in proc.stderr:
             # The libvirt provider reads a seed ISO back right after uploading it and, rarely,
             # gets 0 bytes (seen once in ~10 runs). Applying again converges, as an operator would.
             log("terraform apply: the provider's known ISO read-back failure; applying once more")
-            return self.terraform(*args, check=check, again=False)
+            return self.terraform(host, *args, check=check, again=False)
         if check and proc.returncode != 0:
-            raise AssertionError(f"terraform {' '.join(args)} failed:\n{proc.stdout}\n{proc.stderr}")
+            raise AssertionError(f"terraform {' '.join(args)} on {host} failed:\n{proc.stdout}\n{proc.stderr}")
         return proc
+
+    def plan(self, host: str) -> dict[str, Any]:
+        """`pgcarve plan --format tfvars` for one instance, saved in the host's working directory."""
+        proc = subprocess.run([sys.executable, "-m", "pgcarve.cli", "--hosts-file", str(self.paths.sandbox_hosts_file),
+                               "plan", "--host", host, "--instances", "1", "--format", "tfvars"],
+                              env=self.env, capture_output=True, text=True, timeout=300, check=False)
+        assert proc.returncode == 0, proc.stderr
+        (self.workdirs[host] / "pgcarve.auto.tfvars.json").write_text(proc.stdout)
+        return dict(json.loads(proc.stdout))
+
+    def start_server(self) -> None:
+        """The manager (`pgcarve serve`: API, collector, HA loop) on this sandbox, in the background."""
+        port = free_port()
+        env = dict(self.env, PGCARVE_HOSTS_FILE=str(self.paths.sandbox_hosts_file), PGCARVE_TOKEN=TOKEN,
+                   PGCARVE_BOOT_TIMEOUT="1200")
+        with (STATE_DIR / "server.log").open("ab") as out:
+            self.server = subprocess.Popen([sys.executable, "-m", "pgcarve.cli", "serve", "--port", str(port)],
+                                           env=env, stdout=out, stderr=out, start_new_session=True)
+        self.url = f"http://127.0.0.1:{port}"
+        deadline = time.monotonic() + 60
+        while not _healthy(self.url):
+            if self.server.poll() is not None:
+                raise AssertionError(f"the API server exited ({self.server.returncode}): "
+                                     f"see {STATE_DIR / 'server.log'}")
+            if time.monotonic() > deadline:
+                raise AssertionError("the API server did not answer /healthz in 60 s")
+            time.sleep(0.2)
+
+    def stop_server(self) -> None:
+        if self.server is not None and self.server.poll() is None:
+            stop_pid(self.server.pid, timeout_s=30)
+
+    def api(self, path: str) -> Any:
+        with httpx.Client(base_url=self.url, headers={"Authorization": f"Bearer {TOKEN}"}, timeout=30) as client:
+            resp = client.get(path)
+            assert resp.status_code == 200, resp.text
+            return resp.json()
+
+
+def _healthy(url: str) -> bool:
+    try:
+        return httpx.get(f"{url}/healthz", timeout=2).status_code == 200
+    except httpx.HTTPError:
+        return False
 
 
 @pytest.fixture(scope="module")
@@ -106,21 +167,28 @@ def world(tmp_path_factory: pytest.TempPathFactory) -> Iterator[World]:
     sandbox.down()
     timings: dict[str, float] = {}
     started = time.monotonic()
-    config = sandbox.up(1)
+    config = sandbox.up(3)
     timings["sandbox up"] = time.monotonic() - started
-    workdir = tmp_path_factory.mktemp("tf") / "terraform"
-    shutil.copytree(REPO / "terraform", workdir,
-                    ignore=shutil.ignore_patterns("tools", ".terraform", "*.tfstate*", ".terraform.lock.hcl",
-                                                  "*.tfvars.json"))
+    base = tmp_path_factory.mktemp("tf")
+    workdirs = {}
+    for host in HOSTS:
+        copy = base / host / "terraform"
+        shutil.copytree(REPO / "terraform", copy,
+                        ignore=shutil.ignore_patterns("tools", ".terraform", "*.tfstate*", ".terraform.lock.hcl",
+                                                      "*.tfvars.json"))
+        workdirs[host] = copy / "examples" / "sandbox"
     env = dict(os.environ, TF_CLI_CONFIG_FILE=str(TERRAFORMRC), CHECKPOINT_DISABLE="1", TF_IN_AUTOMATION="1",
                PGCARVE_STATE_DIR=str(STATE_DIR), PGCARVE_IMAGE_DIR=str(IMAGE_DIR))
-    w = World(paths=paths, config=config, workdir=workdir / "examples" / "sandbox", env=env, timings=timings)
+    w = World(paths=paths, config=config, sandbox=sandbox, workdirs=workdirs, env=env, timings=timings)
     try:
         yield w
     finally:
-        if (w.workdir / "terraform.tfstate").exists():
-            with contextlib.suppress(Exception):
-                w.terraform("destroy", "-auto-approve", "-input=false", check=False)
+        w.stop_server()
+        for host in HOSTS:
+            if (w.workdirs[host] / "terraform.tfstate").exists():
+                proc = w.terraform(host, "destroy", "-auto-approve", "-input=false", check=False)
+                if proc.returncode != 0:
+                    log(f"{host}: terraform destroy failed in the clean-up: {proc.stderr.strip()[-500:]}")
         fleet = Fleet(config, paths)
         with contextlib.suppress(PgcarveError):
             for inst in fleet.observe(with_endpoints=False):
@@ -133,32 +201,8 @@ def world(tmp_path_factory: pytest.TempPathFactory) -> Iterator[World]:
         assert sandbox.leftovers() == []
 
 
-def wait_for_sql(fleet: Fleet, name: str, timeout_s: float) -> tuple[Guest, tuple[Any, ...]]:
-    """Poll the manager's own view until the guest accepts the fleet's admin login."""
-    deadline = time.monotonic() + timeout_s
-    last = "not observed yet"
-    while time.monotonic() < deadline:
-        try:
-            instances = [i for i in fleet.observe() if i.name == name]
-            guest = instances[0].primary if instances else None
-            if guest is None:
-                last = "not listed by the fleet"
-            elif guest.endpoint is None:
-                last = f"state {guest.info.state}, no address yet"
-            else:
-                with fleet.connect(guest, timeout_s=5) as conn:
-                    row = conn.execute("select pg_is_in_recovery(), current_setting('synchronous_standby_names'), "
-                                       "current_user").fetchone()
-                assert row is not None
-                return guest, tuple(row)
-        except Exception as exc:  # booting: connection refused, reset, auth not set up yet ...
-            last = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        time.sleep(2)
-    raise AssertionError(f"{name} did not accept SQL within {timeout_s:.0f} s: {last}")
-
-
 def manager_spec(doc: dict[str, Any], name: str, kernel: str, initrd: str) -> DomainSpec:
-    """What the manager's fleet.py (_create_guest) defines for this guest."""
+    """What the manager's provisioner (domain_spec) defines for this guest."""
     planned, pool = doc["instances"][name], doc["pool_name"]
     meta = planned["metadata"]
     return DomainSpec(
@@ -174,83 +218,14 @@ def manager_spec(doc: dict[str, Any], name: str, kernel: str, initrd: str) -> Do
     )
 
 
-def test_terraform_apply_per_host(world: World) -> None:
+def same_xml_as_the_managers(fleet: Fleet, host: str, doc: dict[str, Any], name: str, terraform_xml: str) -> None:
+    """Define the manager's DomainSpec for `name` (its Terraform guest destroyed, the name free)
+    and compare libvirt's XML of both, but for the UUID."""
     import libvirt
 
-    # -- plan: the variables for one primary on h0 ------------------------------------------
-    started = time.monotonic()
-    proc = subprocess.run([sys.executable, "-m", "pgcarve.cli", "--hosts-file", str(world.paths.sandbox_hosts_file),
-                           "plan", "--host", "h0", "--instances", "1", "--format", "tfvars"],
-                          env=world.env, capture_output=True, text=True, timeout=300, check=False)
-    assert proc.returncode == 0, proc.stderr
-    world.timings["pgcarve plan --format tfvars"] = time.monotonic() - started
-    doc = json.loads(proc.stdout)
-    (world.workdir / "pgcarve.auto.tfvars.json").write_text(proc.stdout)
-    name = "pgc-01"
-    planned = doc["instances"][name]
-    fleet = Fleet(load_fleet_config(world.paths.sandbox_hosts_file), world.paths)
-    plan, slot = fleet.placement.slot("h0", 1)
-    assert list(doc["instances"]) == [name]
-    assert planned["vcpu_pins"] == list(slot.host_cpus)
-    assert planned["emulator_cpus"] == list(plan.emulator_cpus)
-
-    # -- apply ------------------------------------------------------------------------------
-    world.terraform("init", "-input=false")
-    started = time.monotonic()
-    world.terraform("apply", "-auto-approve", "-input=false")
-    world.timings["terraform apply"] = time.monotonic() - started
-    applied_at = time.monotonic()
-    outputs = {k: v["value"] for k, v in json.loads(world.terraform("output", "-json").stdout).items()}
-    assert outputs["guest_names"] == [name]
-    assert outputs["pinned_cpus"] == {name: planned["vcpu_pins"]}
-    assert outputs["emulator_cpus"] == {name: planned["emulator_cpus"]}
-    assert outputs["macs"] == {name: planned["mac"]}
-    assert outputs["volumes"] == {name: {"disk": f"{name}.qcow2", "pool": "pgcarve", "seed": f"{name}-seed.iso"}}
-    # Applying again changes nothing: what the provider reads back matches the configuration.
-    replan = world.terraform("plan", "-detailed-exitcode", "-input=false", check=False)
-    assert replan.returncode == 0, f"a second plan wants changes:\n{replan.stdout}\n{replan.stderr}"
-
-    # -- the guest accepts SQL, found and reached the manager's way -------------------------
-    guest, (in_recovery, sync_names, user) = wait_for_sql(fleet, name, SQL_TIMEOUT_S)
-    world.timings["apply -> SQL"] = time.monotonic() - applied_at
-    assert (in_recovery, sync_names, user) == (False, "", "pgcarve")
-    assert guest.info.metadata == InstanceMetadata(fleet="pgc", cluster=name, role="primary", index=1,
-                                                   created_by="terraform")
-    assert guest.info.host == "h0" and guest.info.state == "running"
-
-    # -- pinning, as libvirt applies it (virDomainGetVcpuPinInfo), is the plan's ------------
-    assert guest.info.vcpu_pins == tuple((cpu,) for cpu in slot.host_cpus)
-    assert guest.info.emulator_cpus == plan.emulator_cpus
-    assert guest.info.memory_mib == slot.memory_mib
-    assert guest.info.mac == planned["mac"]
-
-    # -- the manager's service (what the REST API serves) lists it --------------------------
-    service = ManagerService(fleet.config, world.paths, collect=False, supervise=False)
-    try:
-        service.refresh()
-        docs = service.instance_docs()
-    finally:
-        service.stop()
-    assert [(d["name"], d["host"], d["state"], d["vcpus"], d["standbys"]) for d in docs] == [
-        (name, "h0", "running", sorted(slot.host_cpus), [])]
-    assert docs[0]["dsn"] and docs[0]["memory_mib"] == slot.memory_mib
-
-    # The domain as libvirt stores it, for the comparison with DomainSpec below.
-    lv = fleet.hosts["h0"]
-    terraform_xml = lv.conn.lookupByName(name).XMLDesc(libvirt.VIR_DOMAIN_XML_INACTIVE)
-
-    # -- destroy: no guest, no volume of it, no image volume of terraform's ----------------
-    started = time.monotonic()
-    world.terraform("destroy", "-auto-approve", "-input=false")
-    world.timings["terraform destroy"] = time.monotonic() - started
-    assert leftovers(fleet) == []
-    assert not [v for v in lv.storage.volume_names() if v.startswith("pgcarve-tf-") or v.startswith(name)]
-
-    # -- the same guest defined by the manager's DomainSpec has the same XML ---------------
     os_el = re.search(r"<kernel>([^<]+)</kernel>\s*<initrd>([^<]+)</initrd>", terraform_xml)
     assert os_el, terraform_xml
-    spec = manager_spec(doc, name, kernel=os_el[1], initrd=os_el[2])
-    dom = lv.conn.defineXML(spec.to_xml())  # only defined, never started; the name is free again
+    dom = fleet.hosts[host].conn.defineXML(manager_spec(doc, name, kernel=os_el[1], initrd=os_el[2]).to_xml())
     try:
         manager_xml = dom.XMLDesc(libvirt.VIR_DOMAIN_XML_INACTIVE)
     finally:
@@ -260,4 +235,129 @@ def test_terraform_apply_per_host(world: World) -> None:
         return re.sub(r"\s*<uuid>[^<]*</uuid>", "", xml)
 
     assert without_uuid(terraform_xml) == without_uuid(manager_xml)
+
+
+def test_three_hosts_with_standbys(world: World) -> None:
+    import libvirt
+
+    # -- plan: one instance; the primary on h0, its standbys on h1 and h2 --------------------
+    docs = {host: world.plan(host) for host in HOSTS}
+    assert list(docs["h0"]["instances"]) == [INSTANCE]
+    assert list(docs["h1"]["instances"]) == [f"{INSTANCE}-s1"]
+    assert list(docs["h2"]["instances"]) == [f"{INSTANCE}-s2"]
+    addresses = {name: p["address"] for d in docs.values() for name, p in d["instances"].items()}
+    # Each host has its own network (10.77.<host>.0/24): the last address of its DHCP range.
+    assert addresses == {INSTANCE: "10.77.0.250", f"{INSTANCE}-s1": "10.77.1.250", f"{INSTANCE}-s2": "10.77.2.250"}
+
+    # -- apply, standby hosts first: their standbys wait for a primary nobody applied yet ----
+    for host in HOSTS:
+        world.terraform(host, "init", "-input=false")
+    started = time.monotonic()
+    for host in ("h2", "h1", "h0"):
+        world.terraform(host, "apply", "-auto-approve", "-input=false")
+        world.applied.add(host)
+    world.timings["terraform apply x3"] = time.monotonic() - started
+    applied_at = time.monotonic()
+
+    # -- replication set up by the seeds alone (no manager running yet) ----------------------
+    fleet = Fleet(load_fleet_config(world.paths.sandbox_hosts_file), world.paths)
+
+    def streaming() -> dict[str, str] | None:
+        inst = next((i for i in fleet.observe() if i.name == INSTANCE), None)
+        if inst is None or inst.primary is None or inst.primary.endpoint is None:
+            return None
+        try:
+            with fleet.connect(inst.primary, timeout_s=5) as conn:
+                rows = conn.execute("select application_name, sync_state from pg_stat_replication "
+                                    "where state = 'streaming'").fetchall()
+        except Exception:  # booting
+            return None
+        found = {str(r[0]): str(r[1]) for r in rows}
+        return found if len(found) == 2 else None
+
+    states = wait_for(streaming, "pgc-01 streaming to both standbys, set up by the seeds alone", 900)
+    world.timings["last apply -> both standbys streaming"] = time.monotonic() - applied_at
+    # The planned synchronous standby; pgcarve names exactly sync_count, so the other is async.
+    assert states == {"pgc_01_s1": "sync", "pgc_01_s2": "async"}, states
+    inst = fleet.instance(INSTANCE)
+    assert inst.primary is not None
+    assert {g.name: (g.info.host, g.info.metadata.role, g.info.metadata.created_by, g.address)
+            for g in inst.guests} == {
+        INSTANCE: ("h0", "primary", "terraform", "10.77.0.250"),
+        f"{INSTANCE}-s1": ("h1", "standby", "terraform", "10.77.1.250"),
+        f"{INSTANCE}-s2": ("h2", "standby", "terraform", "10.77.2.250")}
+    for guest in inst.guests:  # pinning as libvirt applies it is the plan's
+        planned = docs[guest.info.host]["instances"][guest.name]
+        assert guest.info.vcpu_pins == tuple((cpu,) for cpu in planned["vcpu_pins"])
+        assert guest.info.emulator_cpus == tuple(planned["emulator_cpus"])
+    # Applying again changes nothing on any host: what the provider reads back is what was planned.
+    for host in HOSTS:
+        replan = world.terraform(host, "plan", "-detailed-exitcode", "-input=false", check=False)
+        assert replan.returncode == 0, f"a second plan on {host} wants changes:\n{replan.stdout}\n{replan.stderr}"
+
+    # -- the manager: the API's contract --------------------------------------------------------
+    world.start_server()
+    wait_for(lambda: all(h["watching_events"] for h in world.api("/v1/hosts")),
+             "the manager to watch every host's lifecycle events", 60)
+
+    def whole(sync: str, standbys: int) -> dict[str, Any] | None:
+        doc = world.api(f"/v1/instances/{INSTANCE}")
+        live = {s["name"]: s for s in doc["standbys"] if s["state"] == "streaming"}
+        ok = doc["writes"] == "accepted" and len(live) == standbys and live.get(sync, {}).get("sync_state") == "sync"
+        return doc if ok else None
+
+    doc = wait_for(lambda: whole(f"{INSTANCE}-s1", 2), "the API to show pgc-01 writable with pgc-01-s1 synchronous",
+                   300)
+    listed = world.api("/v1/instances")
+    assert [d["name"] for d in listed] == [INSTANCE]
+    assert doc["host"] == "h0" and doc["vcpus"] == sorted(docs["h0"]["instances"][INSTANCE]["vcpu_pins"])
+    assert {s["name"]: s["host"] for s in doc["standbys"]} == {f"{INSTANCE}-s1": "h1", f"{INSTANCE}-s2": "h2"}
+    pins: dict[str, list[int]] = {}
+    for host, d in docs.items():  # CPUs pinned on one host are never shared by two guests
+        for p in d["instances"].values():
+            assert not set(p["vcpu_pins"]) & set(pins.get(host, [])), host
+            pins.setdefault(host, []).extend(p["vcpu_pins"])
+
+    # -- a fault: the primary's QEMU killed under a writer; the manager restarts it -------------
+    password = world.api(f"/v1/instances/{INSTANCE}/credentials")["password"]
+    uri = make_conninfo(doc["endpoints"]["rw"], password=password)
+    writer = AckedWriter(lambda: uri, ca_file=world.paths.tls_dir / "ca.pem")
+    with writer:
+        writer.wait_for_acks(50, 120, "writes before the fault")
+        killed_at = time.time()
+        SandboxFaults(world.sandbox).kill_guest("h0", INSTANCE)
+
+        def recovered() -> dict[str, Any] | None:
+            found = [i for i in world.api("/v1/incidents")
+                     if i["guest"] == INSTANCE and i["detected_at"] >= killed_at - 1]
+            return next((i for i in found if i["status"] == "recovered"), None)
+
+        incident = wait_for(recovered, "the manager to repair pgc-01 (a Terraform guest)", 600)
+        assert incident["action"] == "restart", incident
+        log(f"recovered {incident['finished_at'] - killed_at:.1f} s after the kill: {incident['message']}")
+        wait_for(lambda: whole(f"{INSTANCE}-s1", 2), "pgc-01 whole again", 600)
+        writer.wait_for_acks(50, 300, "writes after the primary came back")
+
+        # -- destroy one standby host: the other standby becomes synchronous, writes go on ----
+        world.terraform("h1", "destroy", "-auto-approve", "-input=false")
+        world.applied.discard("h1")
+        doc = wait_for(lambda: whole(f"{INSTANCE}-s2", 1), "pgc-01-s2 synchronous after h1's destroy", 300)
+        writer.wait_for_acks(50, 300, "writes after h1's standby was destroyed")
+        # The manager never builds a Terraform guest: the missing standby is reported, not rebuilt.
+        assert not fleet.hosts["h1"].guests("pgc"), "the manager built a guest where Terraform destroyed one"
+    with fleet.connect(fleet.instance(INSTANCE).primary, database=APP_DATABASE) as conn:  # type: ignore[arg-type]
+        missing = writer.missing(conn)
+    log(f"writer: {len(writer.acked)} commits acknowledged, {len(missing)} missing, {len(writer.errors)} failed tries")
+    assert writer.acked and missing == [], f"acknowledged commits lost: {missing[:20]}"
+    world.stop_server()
+
+    # -- destroy the rest: no guest, no volume ---------------------------------------------------
+    terraform_xml = fleet.hosts["h0"].conn.lookupByName(INSTANCE).XMLDesc(libvirt.VIR_DOMAIN_XML_INACTIVE)
+    for host in ("h0", "h2"):
+        world.terraform(host, "destroy", "-auto-approve", "-input=false")
+        world.applied.discard(host)
+    assert leftovers(fleet) == []
+    for host in HOSTS:
+        assert not [v for v in fleet.hosts[host].storage.volume_names() if v.startswith(("pgcarve-tf-", INSTANCE))]
+    same_xml_as_the_managers(fleet, "h0", docs["h0"], INSTANCE, terraform_xml)
     fleet.close()

@@ -86,3 +86,57 @@ def test_rewound_settings_of_the_new_primary_are_dropped(guest_setup: ModuleType
     kept = (tmp_path / "postgresql.auto.conf").read_text()
     assert "synchronous_standby_names" in kept
     assert "primary_conninfo" not in kept and "primary_slot_name" not in kept and "read_only" not in kept
+
+
+def test_a_terraform_guest_lets_its_planned_peers_replicate_from_first_boot(booted: dict[str, Any],
+                                                                           tmp_path: Path) -> None:
+    """No manager step: the seed's peers are let in at first boot; from then on the file is the
+    manager's (a reboot with the same seed does not put back an address it took out)."""
+    seed = guest_seed("pgc-01", "primary", CIDRS, replication_peers=("10.77.1.250", "10.77.2.250"))
+    booted["boot"](seed, "pgc-01-terraform")
+    hba = (tmp_path / "etc/postgresql/pg_hba.conf").read_text()
+    assert "hostssl replication replicator 10.77.1.250/32 scram-sha-256" in hba
+    assert "hostssl replication replicator 10.77.2.250/32 scram-sha-256" in hba
+    standbys = tmp_path / "etc/postgresql/pgcarve-standbys"
+    standbys.write_text("10.77.1.250\n")  # the manager narrowed it at run time
+    booted["boot"](seed, "pgc-01-terraform")
+    hba = (tmp_path / "etc/postgresql/pg_hba.conf").read_text()
+    assert "10.77.2.250/32" not in hba and "10.77.1.250/32" in hba
+
+
+def test_a_seed_with_a_malformed_peer_is_refused(booted: dict[str, Any]) -> None:
+    seed = guest_seed("pgc-01", "primary", CIDRS)
+    doc = dict(seed.instance_json(), replication_peers=["10.77.1.250 all"])
+    text = json.dumps(doc)
+    booted["module"].read_seed_disk = lambda: (text, "x-1")
+    with pytest.raises(SystemExit, match="not a plain IP address"):
+        booted["module"].before_start()
+
+
+def test_a_standby_making_its_own_slot_makes_it_once_and_backs_off(guest_setup: ModuleType,
+                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    """pg_basebackup -C until one attempt made the slot; then the slot is used as it is. The
+    pause between attempts doubles up to CLONE_RETRY_MAX_S."""
+    answers = ["could not connect to server: Connection refused"] * 5 + [
+        'replication slot "pgc_01_s1" already exists', ""]
+    runs: list[list[str]] = []
+    pauses: list[float] = []
+
+    class Done:
+        def __init__(self, args: list[str], stderr: str):
+            self.args, self.stderr, self.returncode = args, stderr, 0 if not stderr else 1
+
+    def run(args: list[str], **kwargs: Any) -> Any:
+        if args[0] == "runuser":
+            runs.append(args)
+            return Done(args, answers[len(runs) - 1])
+        return Done(args, "")
+
+    monkeypatch.setattr(guest_setup.subprocess, "run", run)
+    monkeypatch.setattr(guest_setup.time, "sleep", pauses.append)
+    monkeypatch.setattr(guest_setup, "standby_settings", lambda seed, conninfo: None)
+    seed = guest_seed("pgc-01-s1", "standby", CIDRS, primary_host="10.77.0.250", create_slot=True)
+    guest_setup.clone_from_primary(seed.instance_json())
+    assert ["-C" in r for r in runs] == [True] * 6 + [False]
+    assert all(seed.instance_json()["slot_name"] in r for r in runs)
+    assert pauses == [1, 2, 4, 8, 8]

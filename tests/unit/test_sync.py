@@ -3,6 +3,8 @@ before it changes, switches when a chosen one stops streaming, shrinks only once
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from pgcarve.config import Replication
 from pgcarve.control.sync import ReplicaState, initial_record, names_for, plan_sync
 from pgcarve.control.sync_record import SyncRecord
@@ -64,3 +66,26 @@ def test_the_most_advanced_spare_is_chosen() -> None:
     r = rec(("pgc-01-s1",), ("pgc-01-s1",))
     change = plan_sync(r, standbys, {"pgc-01-s2": up(80), "pgc-01-s3": up(95)}, 100, {"pgc-01-s1": 9.0}, 5.0)
     assert change is not None and change.record.synchronous == ("pgc-01-s3",)
+
+
+def test_a_terraform_primary_whose_standbys_are_not_there_yet_is_recorded_with_the_planned_ones(
+        tmp_path: Path) -> None:
+    """Terraform applied the primary host first: its seed names pgc_01_s1, which has no guest
+    yet. The record the keeper adopts holds the planned standby, not nobody, so the keeper never
+    clears the names its commits wait on."""
+    from types import SimpleNamespace
+
+    from pgcarve.control.sync import SyncKeeper
+    from pgcarve.control.sync_record import SyncRecords
+
+    config = SimpleNamespace(fleet="pgc", replication=Replication())  # type: ignore[call-arg]
+    records = SyncRecords(tmp_path)
+    keeper = SyncKeeper(SimpleNamespace(config=config), records)  # type: ignore[arg-type]
+    primary = SimpleNamespace(name="pgc-01", info=SimpleNamespace(host="h0"))
+    inst = SimpleNamespace(name="pgc-01", index=1, primary=primary, standbys=[])
+    record = keeper._adopt(inst, "FIRST 1 (pgc_01_s1)", 4096)  # type: ignore[arg-type]
+    assert record.synchronous == ("pgc-01-s1",) and record.members == ("pgc-01-s1",)
+    assert names_for(record) == "FIRST 1 (pgc_01_s1)"
+    assert records.get("pgc-01") == record
+    # Nobody streams yet: the keeper keeps waiting on the chosen one rather than switching.
+    assert plan_sync(record, [], {}, 4096, {}, 5.0) is None

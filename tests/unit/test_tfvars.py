@@ -27,7 +27,7 @@ import pytest
 from pgcarve.config import FleetConfig, HostConfig, InstanceSize, Replication
 from pgcarve.control.fleet import Fleet
 from pgcarve.errors import CapacityError, ConfigError, ImageMissing
-from pgcarve.naming import instance_name
+from pgcarve.naming import instance_name, slot_name
 from pgcarve.planning.planner import capacity
 from pgcarve.settings import Paths
 from pgcarve.tfvars import render_tfvars, tfvars_document
@@ -62,15 +62,18 @@ def image_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
 
 
 def fleet_config(hosts: int = 1, vcpus: int = 2, memory_mib: int = 512, domain_type: str = "qemu",
-                 standby_host: bool = False) -> FleetConfig:
-    host_configs = [HostConfig(name=f"t{i}", uri="test:///default") for i in range(hosts)]  # type: ignore[call-arg]
-    if standby_host:
-        host_configs.append(HostConfig(name="s0", uri="test:///default", role="standby"))  # type: ignore[call-arg]
+                 standby_hosts: int = 0, network: str = "default") -> FleetConfig:
+    """`hosts` primary hosts t0.. and `standby_hosts` standby hosts s0.. on the test driver, whose
+    network "default" hands out 192.168.122.2-254; each instance gets a standby on every standby host."""
+    host_configs = [HostConfig(name=f"t{i}", uri="test:///default", network=network)  # type: ignore[call-arg]
+                    for i in range(hosts)]
+    host_configs += [HostConfig(name=f"s{i}", uri="test:///default", role="standby", network=network)  # type: ignore[call-arg]
+                     for i in range(standby_hosts)]
     return FleetConfig(
         fleet="tst",
         domain_type=domain_type,  # type: ignore[arg-type]
         instance=InstanceSize(vcpus=vcpus, memory_mib=memory_mib, disk_gib=4),  # type: ignore[call-arg]
-        replication=Replication(standbys=0),  # type: ignore[call-arg]
+        replication=Replication(standbys=standby_hosts),  # type: ignore[call-arg]
         allowed_cidrs=["10.77.0.0/16", "10.76.0.0/24"],
         hosts=host_configs,
     )
@@ -121,7 +124,8 @@ def test_metadata_is_what_the_manager_parses(fleet: Fleet) -> None:
 def test_host_image_and_domain_type(fleet: Fleet, image_dir: Path) -> None:
     doc = tfvars_document(fleet, "t0", 1)
     assert doc["libvirt_uri"] == "test:///default"
-    assert doc["pool_name"] == doc["network_name"] == "pgcarve"
+    assert doc["pool_name"] == "pgcarve"
+    assert doc["network_name"] == "default"
     assert doc["pool_path"] == "/var/lib/libvirt/pgcarve"
     assert doc["create_pool"] is False
     assert doc["domain_type"] == fleet.domain_types.of("t0") == "qemu"
@@ -195,16 +199,76 @@ def test_second_primary_host_continues_the_numbering(tmp_path: Path, image_dir: 
 
 
 def test_refusals(tmp_path: Path, image_dir: Path) -> None:
-    fleet = Fleet(fleet_config(standby_host=True), Paths(tmp_path / "state", image_dir))
+    fleet = Fleet(fleet_config(standby_hosts=1), Paths(tmp_path / "state", image_dir))
     try:
-        with pytest.raises(ConfigError, match="role standby"):
-            tfvars_document(fleet, "s0", 1)
+        with pytest.raises(CapacityError, match="room for"):
+            tfvars_document(fleet, "s0", capacity(fleet.topology("t0"), fleet.placement.planner) + 1)
         with pytest.raises(CapacityError, match="room for"):
             tfvars_document(fleet, "t0", capacity(fleet.topology("t0"), fleet.placement.planner) + 1)
         with pytest.raises(ConfigError, match="no host named"):
             tfvars_document(fleet, "nope", 1)
         (image_dir / "inputs.sha256").unlink()
         with pytest.raises(ImageMissing):
+            tfvars_document(fleet, "t0", 1)
+    finally:
+        fleet.close()
+
+
+def test_standby_hosts_get_the_standbys_with_everything_planned(tmp_path: Path, image_dir: Path) -> None:
+    """No manager step runs between the applies: each standby's seed names its primary's reserved
+    address and makes its own slot; each guest lets exactly the instance's other guests replicate;
+    each primary names its first standby synchronous (FIRST 1), as `pgcarve up` records it."""
+    fleet = Fleet(fleet_config(standby_hosts=2), Paths(tmp_path / "state", image_dir))
+    try:
+        primaries = tfvars_document(fleet, "t0", 2)
+        first, second = tfvars_document(fleet, "s0", 2), tfvars_document(fleet, "s1", 2)
+        # Standby k of instance i goes to standby host (i + k - 2) mod 2: the placement's rotation.
+        assert list(first["instances"]) == ["tst-01-s1", "tst-02-s2"]
+        assert list(second["instances"]) == ["tst-01-s2", "tst-02-s1"]
+        planned = {**primaries["instances"], **first["instances"], **second["instances"]}
+        seeds = {**primaries["seeds"], **first["seeds"], **second["seeds"]}
+        # Instance i has .254 - (i - 1) on every host (each host its own network in real life).
+        assert {n: p["address"] for n, p in planned.items()} == {
+            "tst-01": "192.168.122.254", "tst-01-s1": "192.168.122.254", "tst-01-s2": "192.168.122.254",
+            "tst-02": "192.168.122.253", "tst-02-s1": "192.168.122.253", "tst-02-s2": "192.168.122.253"}
+
+        def instance_json(name: str) -> dict[str, Any]:
+            (entry,) = json.loads(seeds[name]["user_data"].split("\n", 1)[1])["write_files"]
+            return dict(json.loads(entry["content"]))
+
+        for name, p in first["instances"].items():
+            index, number = p["metadata"]["index"], p["metadata"]["standby"]
+            assert p["metadata"] == {"cluster": instance_name("tst", index), "created_by": "terraform", "fleet": "tst",
+                                     "index": index, "role": "standby", "standby": number}
+            assert p["vcpu_pins"] == list(fleet.placement.slot("s0", index)[1].host_cpus)
+            seed = instance_json(name)
+            assert seed["role"] == "standby" and seed["create_slot"] is True
+            assert seed["primary_host"] == planned[instance_name("tst", index)]["address"]
+            secrets = fleet.instance_secrets(instance_name("tst", index))
+            assert seed["replication_password"] == secrets.replication_password
+            assert seed["slot_name"] == slot_name(name)
+        primary = instance_json("tst-01")
+        assert primary["synchronous_standby_names"] == "FIRST 1 (tst_01_s1)"
+        assert "create_slot" not in primary
+        for name in ("tst-01", "tst-01-s1", "tst-01-s2"):
+            # In the test driver every host shares one network, so all three have the same address.
+            assert instance_json(name)["replication_peers"] == ["192.168.122.254", "192.168.122.254"]
+    finally:
+        fleet.close()
+
+
+def test_a_dhcp_range_too_small_for_the_fleet_is_refused(tmp_path: Path, image_dir: Path) -> None:
+    from pgcarve.virt.xml_specs import NetworkSpec
+
+    fleet = Fleet(fleet_config(standby_hosts=1, network="tiny"), Paths(tmp_path / "state", image_dir))
+    try:
+        fleet.hosts["t0"].ensure_network(NetworkSpec("tiny", "virbrtiny", "10.9.0.1", 24, "10.9.0.10", "10.9.0.11"))
+        assert tfvars_document(fleet, "s0", 2)["instances"]["tst-02-s1"]["address"] == "10.9.0.10"
+        with pytest.raises(ConfigError, match=r"10\.9\.0\.10-10\.9\.0\.11 \(2 addresses\): instance 3"):
+            tfvars_document(fleet, "t0", 3)
+        fleet.hosts["t0"].conn.networkLookupByName("tiny").destroy()
+        fleet.hosts["t0"].conn.networkLookupByName("tiny").undefine()
+        with pytest.raises(ConfigError, match="no libvirt network 'tiny'"):
             tfvars_document(fleet, "t0", 1)
     finally:
         fleet.close()

@@ -22,7 +22,7 @@ from pgcarve.guest.credentials import Credentials, InstanceSecrets, InstanceSecr
 from pgcarve.guest.image import HostImages
 from pgcarve.guest.probe import DomainTypes
 from pgcarve.guest.tls import FleetCA
-from pgcarve.naming import instance_name
+from pgcarve.naming import instance_name, standby_name
 from pgcarve.planning.placement import Placement
 from pgcarve.planning.topology import HostTopology, parse_capabilities, with_cores_rotated
 from pgcarve.postgres import conninfo, session
@@ -191,6 +191,17 @@ class Fleet:
         for info in self.guests():
             by_index.setdefault(info.metadata.index, []).append(info)
         return [self._assemble(index, by_index[index], with_endpoints) for index in sorted(by_index)]
+
+    def absent_standbys(self, inst: Instance) -> list[str]:
+        """"<guest> on <host>" for each standby the placement gives `inst` that has no guest, while
+        it has fewer standbys than configured (a standby host Terraform has not applied yet, or
+        whose guest was destroyed)."""
+        if len(inst.standbys) + len(inst.stale) >= self.config.replication.standbys:
+            return []
+        present = {g.name for g in inst.guests}
+        _, hosts = self.placement.hosts_for(inst.index)
+        planned = [(standby_name(self.config.fleet, inst.index, s), h.name) for s, h in enumerate(hosts, start=1)]
+        return [f"{name} on {host}" for name, host in planned if name not in present]
 
     def instance_at(self, index: int) -> Instance | None:
         """Instance `index` as libvirt shows it now (only its own guests are reached), if it exists."""

@@ -6,6 +6,10 @@ policy says so, rejoin a former primary as a standby, restart or rebuild standby
 missing ones on hosts that hold no member of the instance. RPO 0 throughout: failover promotes
 only a standby proven to hold every acknowledged commit. A repair returns what it did as a
 RepairResult (typed steps), never as prose to be searched.
+
+Guests Terraform created (metadata created_by "terraform") are repaired too, within one rule,
+`manager_may`: nothing a repair does may leave Terraform's next plan with a change to make. What
+the manager may not do (build a guest) is left to Terraform, and the result says what to run.
 """
 
 from __future__ import annotations
@@ -13,7 +17,7 @@ from __future__ import annotations
 import enum
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
@@ -39,7 +43,41 @@ class Action(enum.StrEnum):
     FAILOVER = "failover"  # a standby promoted in the primary's place
     REJOIN = "rejoin"  # a former primary rewound into a standby of the new one (its disk kept)
     FOLLOW = "follow"  # a running standby pointed at the current primary again
-    NONE = "none"
+    NONE = "none"  # nothing done; for a step left to the guest's owner, the message says what to do
+
+
+# What the manager may do to a guest it did not create (Terraform's): what changes nothing that
+# Terraform owns. Starting a domain again, promoting a standby or rewinding a former primary
+# changes the guest's <metadata> (the provider never reads it back) and rewrites its seed volume
+# in place (same key); Terraform's next plan shows no change. Removing a guest and creating
+# another (REBUILD, and so building a missing standby) would make resources Terraform did not
+# create, which its next apply would fight.
+_ON_ANYONES_GUESTS = frozenset({Action.RESTART, Action.FAILOVER, Action.REJOIN, Action.FOLLOW})
+
+
+def manager_may(action: Action, created_by: str) -> bool:
+    """May a repair do `action` to a guest created by `created_by` ("manager" or "terraform")?
+    Anything to the manager's own guests; to anyone else's, only what leaves their resources as
+    they were made."""
+    return created_by == "manager" or action in _ON_ANYONES_GUESTS
+
+
+def instance_creator(inst: Instance) -> str:
+    """Who built the instance: "manager", unless one of its guests was created by someone else
+    (Terraform), whose configuration then holds the instance's guests, missing ones too."""
+    return next((g.info.metadata.created_by for g in inst.guests if g.info.metadata.created_by != "manager"),
+                "manager")
+
+
+def left_to_owner(what: str, hosts: Iterable[str], damaged: bool = False) -> str:
+    """The sentence for an operator when a repair needs a guest built that Terraform owns: `what`
+    is wrong, and where `terraform apply` puts it right (`damaged`: the guest's disk may be)."""
+    named = sorted(set(hosts))
+    text = (f"{what}: pgcarve does not rebuild or create Terraform's guests; run `terraform apply` for "
+            f"host{'s' if len(named) > 1 else ''} {', '.join(named)}")
+    if damaged:
+        text += " (add -replace for its domain, disk and seed if its disk is damaged)"
+    return text
 
 
 @dataclass(frozen=True)
@@ -62,9 +100,14 @@ class RepairIncomplete(PgcarveError):
 @dataclass(frozen=True)
 class RepairResult:
     steps: tuple[RepairStep, ...] = ()
+    # Faults the manager may not repair (manager_may), each with what an operator should do.
+    left: tuple[RepairStep, ...] = ()
 
     def for_guest(self, guest: str) -> list[RepairStep]:
         return [step for step in self.steps if step.guest == guest]
+
+    def left_for(self, guest: str) -> list[RepairStep]:
+        return [step for step in self.left if step.guest == guest]
 
     def repaired(self, guest: str) -> bool:
         return any(step.guest == guest for step in self.steps)
@@ -125,17 +168,11 @@ class Repairer:
         name never exists on two hosts.
         """
         wanted = self.fleet.config.replication.standbys
-        need = max(0, wanted - len(inst.standbys) - len(inst.stale))
+        need = self.standbys_short(inst)
         if not need:
             return [], ""
-        primary_host, standby_hosts = self.fleet.placement.hosts_for(inst.index)
-        fleet_name = self.fleet.config.fleet
         unreachable = self.fleet.unreachable_hosts()
-        slots = [(primary_host, instance_name(fleet_name, inst.index))] + [
-            (h, standby_name(fleet_name, inst.index, s)) for s, h in enumerate(standby_hosts, start=1)]
-        occupied = {g.info.host for g in inst.guests}
-        free = [(h, n) for h, n in slots if h.name not in occupied and h.name not in unreachable
-                and n not in {g.name for g in inst.guests}]
+        free = [(h, n) for h, n in self.empty_slots(inst) if h.name not in unreachable]
         short = need - len(free)
         lacking = ""
         if short > 0:
@@ -144,6 +181,38 @@ class Repairer:
                        f"holds none of its guests{down}; commits go on with the standbys it has, and the missing "
                        "one is built when a host is back")
         return free[:need], lacking
+
+    def standbys_short(self, inst: Instance) -> int:
+        """How many standbys the instance lacks (a stale former primary counts as one)."""
+        return max(0, self.fleet.config.replication.standbys - len(inst.standbys) - len(inst.stale))
+
+    def empty_slots(self, inst: Instance) -> list[tuple[HostConfig, str]]:
+        """(host, guest name) of each slot of the instance's placement where none of its guests is."""
+        primary_host, standby_hosts = self.fleet.placement.hosts_for(inst.index)
+        fleet_name = self.fleet.config.fleet
+        slots = [(primary_host, instance_name(fleet_name, inst.index))] + [
+            (h, standby_name(fleet_name, inst.index, s)) for s, h in enumerate(standby_hosts, start=1)]
+        occupied = {g.info.host for g in inst.guests}
+        names = {g.name for g in inst.guests}
+        return [(h, n) for h, n in slots if h.name not in occupied and n not in names]
+
+    def missing_left_to_owner(self, inst: Instance) -> RepairStep | None:
+        """For an instance whose missing standbys the manager may not build (Terraform's): what is
+        missing and which hosts' `terraform apply` builds it (None when nothing is missing)."""
+        need = self.standbys_short(inst)
+        if not need:
+            return None
+        empty = self.empty_slots(inst)
+        hosts = [h.name for h, _ in empty] or [h.name for h in self.fleet.placement.hosts_for(inst.index)[1]]
+        have = self.fleet.config.replication.standbys - need
+        what = (f"{inst.name} was built by Terraform and has {have} of its {self.fleet.config.replication.standbys} "
+                f"standbys ({', '.join(n for _, n in empty) or 'a standby'} not there)")
+        text = left_to_owner(what, hosts)
+        down = sorted(set(hosts) & set(self.fleet.unreachable_hosts()))
+        if down:
+            text += (f"; not answering now: {', '.join(down)} (a standby still defined there is taken back when "
+                     "its host answers)")
+        return RepairStep(inst.name, Action.NONE, text)
 
     # -- whole instance ------------------------------------------------------------------------
 
@@ -154,6 +223,7 @@ class Repairer:
         `host_lost`: the primary's host has not answered for recovery.host_timeout_s (fail over);
         `isolated`: the primary answers but has had no synchronous standby for that long while its
         standbys answer (fail over). RepairIncomplete says what was done before a step failed.
+        What the manager may not do (manager_may) is in the result's `left`, in words.
         Call with the instance held (fleet.locks.exclusive)."""
         done: list[RepairStep] = []
         try:
@@ -197,24 +267,29 @@ class Repairer:
         primary = inst.primary
         if primary.endpoint is None:
             primary = self.provisioner.wait_sql(self.fleet.config.host(primary.info.host), primary.name, progress)
+        left: list[RepairStep] = []
         with self.fleet.locks.welcome_keeper(index):  # the primary stays: the sync set may be kept
-            done += self._mend_standbys(inst, primary, progress)
+            done += self._mend_standbys(inst, primary, progress, left)
             final = self.current(index)
             if final is not None and final.primary is not None and final.standbys and done:
                 primary_now = final.primary
                 streaming = [g.name for g in final.standbys if g.info.state == "running"]
                 if primary_now.endpoint is not None and streaming:
                     self.provisioner.wait_streaming(primary_now, streaming, progress)
-        return RepairResult(tuple(done))
+        for step in left:
+            log.warning("%s: left to its owner: %s", inst.name, step.message)
+        return RepairResult(tuple(done), tuple(left))
 
     def _fail_over(self, inst: Instance, progress: Progress, why: str) -> RepairStep:
         old = inst.primary.name if inst.primary else inst.name
         outcome = self.failover.run(inst, progress=progress)
         return RepairStep(outcome.old_primary or old, Action.FAILOVER, f"{outcome.message}: {why}")
 
-    def _mend_standbys(self, inst: Instance, primary: Guest, progress: Progress) -> list[RepairStep]:
+    def _mend_standbys(self, inst: Instance, primary: Guest, progress: Progress,
+                       left: list[RepairStep]) -> list[RepairStep]:
         """Rejoin former primaries, restart or rebuild stopped standbys, point detached ones at the
-        primary, build missing ones; all at once."""
+        primary, build missing ones; all at once. A rebuild or build the manager may not do
+        (manager_may) goes to `left` instead, saying what the operator should run."""
         unreachable = self.fleet.unreachable_hosts()
         # Standby numbers (sync priority order) not taken, for rejoined and rebuilt standbys alike.
         used = {g.info.metadata.standby for g in inst.standbys}
@@ -230,6 +305,12 @@ class Repairer:
             try:
                 restarted = self.restart(guest, progress)
             except PgcarveError as exc:
+                if not manager_may(Action.REBUILD, guest.info.metadata.created_by):
+                    log.error("%s: standby %s did not come back (%s); it is not the manager's to rebuild",
+                              inst.name, guest.name, exc)
+                    return RepairStep(guest.name, Action.NONE, left_to_owner(
+                        f"{guest.name} was created by Terraform and cannot be started again from its disk ({exc})",
+                        [guest.info.host], damaged=True))
                 log.error("%s: standby %s did not come back (%s); rebuilding it", inst.name, guest.name, exc)
                 host = self.fleet.config.host(guest.info.host)
                 self.rebuild_standby(primary, host, guest.name, guest.info.metadata.standby, progress)
@@ -280,10 +361,14 @@ class Repairer:
                 work.append((refollow, (guest,)))
             elif time.monotonic() - followed_at > REFOLLOW_GRACE_S:
                 work.append((rewind, (guest, guest.info.metadata.standby)))
-        missing, lacking = self.missing_standbys(inst)
-        work += [(rebuild, (host, name, next(numbers))) for host, name in missing]
-        if lacking:
-            log.warning("%s", lacking)
+        lacking = ""
+        if manager_may(Action.REBUILD, instance_creator(inst)):
+            missing, lacking = self.missing_standbys(inst)
+            work += [(rebuild, (host, name, next(numbers))) for host, name in missing]
+            if lacking:
+                log.warning("%s", lacking)
+        elif (unbuilt := self.missing_left_to_owner(inst)) is not None:
+            left.append(unbuilt)
         steps: list[RepairStep] = []
         if work:
             with ThreadPoolExecutor(max_workers=len(work)) as pool:
@@ -291,9 +376,11 @@ class Repairer:
                 errors = []
                 for future in futures:
                     try:
-                        steps.append(future.result())
+                        step = future.result()
                     except PgcarveError as exc:
                         errors.append(str(exc))
+                        continue
+                    (left if step.action == Action.NONE else steps).append(step)
                 if errors:
                     raise GuestNotReady("; ".join(errors))
         if lacking and not steps:

@@ -300,8 +300,10 @@ class ManagerService:
         waiting = self.collector.commits_waiting(inst.name)
         if len(synced) >= self.config.replication.sync_count and not waiting:
             return "accepted"
+        absent = self.fleet.absent_standbys(inst)
         return (f"waiting: {waiting} commit(s) wait for a synchronous standby; {len(synced)} of "
-                f"{self.config.replication.sync_count} connected as sync; commits resume when one confirms (RPO 0)")
+                f"{self.config.replication.sync_count} connected as sync; commits resume when one confirms (RPO 0)"
+                + (f"; no guest yet for {', '.join(absent)}" if absent else ""))
 
     def instance_waits(self, name: str) -> WaitBreakdown:
         """What the instance's client sessions waited on over the sampler's window."""

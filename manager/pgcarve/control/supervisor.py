@@ -8,6 +8,10 @@ standbys whose guest is gone entirely, a repair that failed and should be tried 
 
 Guests still being built by a scale operation (marked "creating") and guests this manager is
 removing are not faults; the operation handles them.
+
+Instances Terraform built are watched and repaired like the manager's own, within what the
+manager may do to Terraform's guests (recovery.manager_may). What it may not do (build a guest)
+is reported once, saying which `terraform apply` to run, and not attempted again each sweep.
 """
 
 from __future__ import annotations
@@ -100,6 +104,8 @@ class Supervisor:
         self._running: set[int] = set()
         self._last_attempt: dict[int, float] = {}
         self._earlier: dict[int, list[RepairStep]] = {}  # incident id -> done by attempts that failed
+        # instance index -> guests whose standby fault the last repair left to their owner (Terraform)
+        self._left_to_owner: dict[int, set[str]] = {}
         self._stop = threading.Event()
         self._sweep_now = threading.Event()
         self._watches = [LifecycleWatch(h.name, h.uri, self._events.put, self._connected)
@@ -191,7 +197,7 @@ class Supervisor:
             log.error("host %s: could not look up %s after a lifecycle event: %s", event.host, event.name, exc)
             return
         meta = info.metadata
-        if meta.fleet != self.fleet.config.fleet or meta.created_by != "manager" or info.creating:
+        if meta.fleet != self.fleet.config.fleet or info.creating:
             return
         incident = self._record(meta.index, info.name, info.host, meta.role, f"{meta.role} {event.kind}",
                                 event.cause, event.at, "event")
@@ -209,26 +215,38 @@ class Supervisor:
         failed = {i.instance for i in self.incidents() if i.status == "failed"}
         for inst in self._view():
             problems = self._problems(inst)
-            if not problems and inst.name not in failed:
-                continue
             if inst.index in self._running or self.fleet.locks.busy(inst.index):
                 continue
             with self._lock:
+                # Left to its owner while it lasts: a fault put right is forgotten.
+                left = self._left_to_owner.pop(inst.index, set()) & {guest for guest, *_ in problems}
+                if left:
+                    self._left_to_owner[inst.index] = left
                 pending = self._pending.get(inst.index)
                 recent = time.monotonic() - self._last_attempt.get(inst.index, -1e9) < self.retry_s
+            if not problems and inst.name not in failed:
+                continue
             if pending is not None or recent:
                 continue
-            # Not again for a fault already known (being repaired, failed, or reported only).
-            known = {i.guest for i in self.incidents()
-                     if i.instance == inst.name and i.status in ("recovering", "failed", "reported")}
+            # Not again for a fault already known: being repaired or failed (its guest), or reported
+            # only (its guest in that role: an instance's "standby missing" carries the instance's
+            # name, which is its first primary's name too).
+            mine = [i for i in self.incidents() if i.instance == inst.name]
+            known = {i.guest for i in mine if i.status in ("recovering", "failed")}
+            reported = {(i.guest, i.role) for i in mine if i.status == "reported"}
             incidents = [self._record(inst.index, guest, host, role, what, cause, time.time(), "sweep")
-                         for guest, host, role, what, cause in problems if guest not in known]
-            self._schedule(inst.index, incidents + self.open_incidents(inst.name))
+                         for guest, host, role, what, cause in problems
+                         if guest not in known and (guest, role) not in reported]
+            still_open = self.open_incidents(inst.name)
+            if not incidents and not still_open and all(role == "standby" and guest in left
+                                                        for guest, _host, role, _what, _cause in problems):
+                continue  # reported already, and nothing in it the manager may do: no repair loop
+            self._schedule(inst.index, incidents + still_open)
 
     def _problems(self, inst: Instance) -> list[tuple[str, str, str, str, str]]:
         """(guest, host, role, what, cause) for each part of the instance that is not as it should be."""
         members = inst.guests
-        if not members or any(g.info.creating or g.info.metadata.created_by != "manager" for g in members):
+        if not members or any(g.info.creating for g in members):
             return []
         timeout = self.fleet.config.recovery.host_timeout_s
         unreachable = self.fleet.unreachable_hosts()
@@ -368,6 +386,7 @@ class Supervisor:
                             "; ".join(step.message for step in result.steps) or "nothing to do")
                 # Faults reported while this repair ran are settled by it if it repaired their guest.
                 with self._lock:
+                    self._left_to_owner[index] = {step.guest for step in result.left}
                     later = self._pending.get(index)
                     settled = [i for i in (later.incidents if later else []) if result.repaired(i.guest)]
                     if later is not None:
@@ -375,6 +394,12 @@ class Supervisor:
                         if not later.incidents:
                             del self._pending[index]
                 for incident in (*incidents, *settled):
+                    # Only standbys are left to their owner (see the sweep about the names).
+                    if incident.role == "standby" and (left := result.left_for(incident.guest)):
+                        steps = self._earlier.pop(incident.id, []) + result.for_guest(incident.guest)
+                        self._finish([incident], "reported", _decisive(steps).value,
+                                     "; ".join(step.message for step in (*steps, *left)))
+                        continue
                     # Earlier attempts that failed half-way count too (a failover, then a retry).
                     steps = self._earlier.pop(incident.id, []) + (result.for_guest(incident.guest)
                                                                   or list(result.steps))

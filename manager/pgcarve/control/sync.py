@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from pgcarve.config import Replication
 from pgcarve.control.fleet import Fleet, Instance
 from pgcarve.control.sync_record import SyncRecord, SyncRecords
-from pgcarve.naming import application_name
+from pgcarve.naming import application_name, standby_name
 from pgcarve.postgres import replication
 
 log = logging.getLogger(__name__)
@@ -201,9 +201,12 @@ class SyncKeeper:
         """A record for an instance that has none (built before records, or by Terraform): every
         standby named now may hold acknowledged commits until the chosen ones confirm."""
         assert inst.primary is not None
-        standbys = [g.name for g in inst.standbys]
-        named = [s for s in standbys if application_name(s) in names_now]
         config = self.fleet.config.replication
+        # None yet: Terraform laid out the primary before its standby hosts, and its seed names the
+        # planned standbys; recording nobody would leave its commits waiting on nobody we know of.
+        standbys = [g.name for g in inst.standbys] or [
+            standby_name(self.fleet.config.fleet, inst.index, s) for s in range(1, config.standbys + 1)]
+        named = [s for s in standbys if application_name(s) in names_now]
         base = initial_record(inst.name, inst.primary.name, inst.primary.info.host, standbys, config)
         members = tuple(dict.fromkeys((*named, *(base.synchronous if base else ()))))
         record = SyncRecord(instance=inst.name, primary=inst.primary.name, primary_host=inst.primary.info.host,

@@ -73,6 +73,11 @@ class GuestSeed:
     # primaries: stop accepting writes after this long with neither a synchronous standby nor
     # word from the manager (the guest's watchdog, pgcarve-watchdog).
     fence_after_s: int = 30
+    # Guests laid out by Terraform, where no manager step runs: the addresses of the instance's
+    # other guests, let in to replicate from first boot (the manager writes them at run time),
+    # and, for a standby, that it makes its own replication slot as it clones (pg_basebackup -C).
+    replication_peers: tuple[str, ...] = ()
+    create_slot: bool = False
 
     def __post_init__(self) -> None:
         if not INSTANCE_NAME_RE.fullmatch(self.name):
@@ -88,6 +93,10 @@ class GuestSeed:
             check_address(self.primary_host)
         elif self.rejoin:
             raise ConfigError(f"{self.name}: only a standby can rejoin its instance")
+        elif self.create_slot:
+            raise ConfigError(f"{self.name}: only a standby makes its own replication slot")
+        for address in self.replication_peers:
+            check_address(address)
         if not 1 <= self.clusters <= MAX_CLUSTERS:
             raise ConfigError(f"{self.name}: clusters must be 1..{MAX_CLUSTERS}, not {self.clusters}")
         if not 5 <= self.fence_after_s <= 3600:
@@ -116,6 +125,8 @@ class GuestSeed:
         }
         if self.clusters > 1:  # absent means one: seeds of ordinary guests stay as they were
             doc["clusters"] = self.clusters
+        if self.replication_peers:
+            doc["replication_peers"] = list(self.replication_peers)
         if self.role == "primary":
             # The role and its database are made on the primary's first boot, and replicate.
             doc["app_password_scram"] = scram_verifier(self.secrets.app_password)
@@ -124,6 +135,8 @@ class GuestSeed:
             doc["replication_password"] = self.secrets.replication_password
             doc["slot_name"] = slot_name(self.name)
             doc["rejoin"] = self.rejoin
+            if self.create_slot:
+                doc["create_slot"] = True
         return doc
 
     def meta_data(self, instance_id: str) -> str:

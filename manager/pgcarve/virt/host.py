@@ -9,6 +9,7 @@ restart. The host's storage pool is `storage` (virt/storage.py).
 from __future__ import annotations
 
 import contextlib
+import ipaddress
 import threading
 import time
 import xml.etree.ElementTree as ET
@@ -17,7 +18,7 @@ from dataclasses import dataclass
 
 import libvirt
 
-from pgcarve.errors import HostUnreachable, LibvirtFailure, NotFound
+from pgcarve.errors import ConfigError, HostUnreachable, LibvirtFailure, NotFound
 from pgcarve.planning.topology import HostTopology, parse_capabilities
 from pgcarve.virt.domain_xml import (
     CREATING_NS,
@@ -335,7 +336,29 @@ class LibvirtHost:
                     if net.isActive():
                         net.destroy()
 
-    # -- networks (the sandbox's) ------------------------------------------------------------
+    # -- networks ----------------------------------------------------------------------------
+
+    def dhcp_range(self, network: str) -> tuple[str, str, str]:
+        """(the network's IPv4 subnet as a CIDR, first and last address of its DHCP range), as
+        libvirt defines it; ConfigError when the network has no IPv4 DHCP range."""
+        with self.translate(f"reading network {network}"):
+            try:
+                root = ET.fromstring(self.conn.networkLookupByName(network).XMLDesc(0))
+            except libvirt.libvirtError as exc:
+                if exc.get_error_code() == libvirt.VIR_ERR_NO_NETWORK:
+                    raise ConfigError(f"host {self.name} has no libvirt network {network!r}") from None
+                raise
+        for ip in root.findall("ip"):
+            found = ip.find("dhcp/range")
+            if ip.get("family", "ipv4") != "ipv4" or found is None:
+                continue
+            prefix = ip.get("prefix") or str(ipaddress.ip_network(f"0.0.0.0/{ip.get('netmask')}").prefixlen)
+            subnet = ipaddress.ip_network(f"{ip.get('address')}/{prefix}", strict=False)
+            return str(subnet), str(found.get("start")), str(found.get("end"))
+        raise ConfigError(f"network {network} on host {self.name} has no IPv4 DHCP range: pgcarve's guests "
+                          "take their addresses from it")
+
+    # -- the sandbox's networks ------------------------------------------------------------
 
     def ensure_network(self, spec: NetworkSpec) -> None:
         """The network defined, autostarted and running (left as it is if it exists)."""

@@ -1,8 +1,9 @@
-# A root module for one pgcarve host: reads the variables `pgcarve plan --format tfvars` wrote
-# (a .tfvars.json file) and applies the module to that host.
+# A root module for one pgcarve host, primary or standby: reads the variables `pgcarve plan
+# --format tfvars` wrote (a .tfvars.json file) and applies the module to that host. Keep one
+# state per host: a workspace per host with -var-file, or a copy per host (../../README.md).
 #
-#   pgcarve plan --host h0 --instances 1 --format tfvars > pgcarve.auto.tfvars.json
-#   terraform init && terraform apply
+#   pgcarve plan --host h0 --instances 1 --format tfvars > h0.tfvars.json
+#   terraform init && terraform workspace select -or-create h0 && terraform apply -var-file=h0.tfvars.json
 
 provider "libvirt" {
   uri = var.libvirt_uri

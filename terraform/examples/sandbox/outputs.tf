@@ -1,3 +1,8 @@
+output "addresses" {
+  description = "Planned IPv4 address by guest name, reserved for its MAC on the host's network."
+  value       = module.pgcarve_host.addresses
+}
+
 output "emulator_cpus" {
   description = "Host CPUs of each guest's emulator threads, by guest name."
   value       = module.pgcarve_host.emulator_cpus
@@ -21,6 +26,11 @@ output "macs" {
 output "pinned_cpus" {
   description = "Host CPU of each vCPU, by guest name."
   value       = module.pgcarve_host.pinned_cpus
+}
+
+output "roles" {
+  description = "Role (primary or standby) each guest was created with, by guest name."
+  value       = module.pgcarve_host.roles
 }
 
 output "volumes" {

@@ -25,6 +25,7 @@ variable "image" {
 
 variable "instances" {
   type = map(object({
+    address       = string
     disk_gib      = number
     emulator_cpus = list(number)
     hugepages     = bool
@@ -41,7 +42,7 @@ variable "instances" {
     numa_node = optional(number)
     vcpu_pins = list(number)
   }))
-  description = "The primaries to create, keyed by guest name, as planned by pgcarve."
+  description = "The guests to create, keyed by guest name, as planned by pgcarve: primaries on a primary host, standbys on a standby host."
 }
 
 variable "kernel_cmdline" {
