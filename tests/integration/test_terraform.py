@@ -300,14 +300,17 @@ def test_three_hosts_with_standbys(world: World) -> None:
     wait_for(lambda: all(h["watching_events"] for h in world.api("/v1/hosts")),
              "the manager to watch every host's lifecycle events", 60)
 
-    def whole(sync: str, standbys: int) -> dict[str, Any] | None:
+    def whole(standbys: int) -> dict[str, Any] | None:
+        """The instance's document once it accepts writes with `standbys` streaming, one synchronous."""
         doc = world.api(f"/v1/instances/{INSTANCE}")
-        live = {s["name"]: s for s in doc["standbys"] if s["state"] == "streaming"}
-        ok = doc["writes"] == "accepted" and len(live) == standbys and live.get(sync, {}).get("sync_state") == "sync"
-        return doc if ok else None
+        live = [s for s in doc["standbys"] if s["state"] == "streaming"]
+        synced = [s for s in live if s["sync_state"] == "sync"]
+        return doc if doc["writes"] == "accepted" and len(live) == standbys and len(synced) == 1 else None
 
-    doc = wait_for(lambda: whole(f"{INSTANCE}-s1", 2), "the API to show pgc-01 writable with pgc-01-s1 synchronous",
-                   300)
+    def synchronous(doc: dict[str, Any]) -> dict[str, Any]:
+        return next(s for s in doc["standbys"] if s["sync_state"] == "sync")
+
+    doc = wait_for(lambda: whole(2), "the API to show pgc-01 writable with a synchronous standby", 300)
     listed = world.api("/v1/instances")
     assert [d["name"] for d in listed] == [INSTANCE]
     assert doc["host"] == "h0" and doc["vcpus"] == sorted(docs["h0"]["instances"][INSTANCE]["vcpu_pins"])
@@ -335,16 +338,23 @@ def test_three_hosts_with_standbys(world: World) -> None:
         incident = wait_for(recovered, "the manager to repair pgc-01 (a Terraform guest)", 600)
         assert incident["action"] == "restart", incident
         log(f"recovered {incident['finished_at'] - killed_at:.1f} s after the kill: {incident['message']}")
-        wait_for(lambda: whole(f"{INSTANCE}-s1", 2), "pgc-01 whole again", 600)
+        doc = wait_for(lambda: whole(2), "pgc-01 whole again", 600)
         writer.wait_for_acks(50, 300, "writes after the primary came back")
 
-        # -- destroy one standby host: the other standby becomes synchronous, writes go on ----
-        world.terraform("h1", "destroy", "-auto-approve", "-input=false")
-        world.applied.discard("h1")
-        doc = wait_for(lambda: whole(f"{INSTANCE}-s2", 1), "pgc-01-s2 synchronous after h1's destroy", 300)
-        writer.wait_for_acks(50, 300, "writes after h1's standby was destroyed")
+        # -- destroy the synchronous standby's host: the other one takes over, writes go on ----
+        gone = synchronous(doc)
+        world.terraform(gone["host"], "destroy", "-auto-approve", "-input=false")
+        world.applied.discard(gone["host"])
+        doc = wait_for(lambda: whole(1), f"the other standby synchronous after {gone['host']}'s destroy", 300)
+        assert synchronous(doc)["name"] != gone["name"]
+        writer.wait_for_acks(50, 300, f"writes after {gone['name']} was destroyed")
+        log(f"after destroying {gone['host']}: writes {doc['writes']!r}, synchronous {synchronous(doc)['name']}")
         # The manager never builds a Terraform guest: the missing standby is reported, not rebuilt.
-        assert not fleet.hosts["h1"].guests("pgc"), "the manager built a guest where Terraform destroyed one"
+        missing = wait_for(lambda: [i for i in world.api("/v1/incidents")
+                                    if i["what"] == "standby missing" and i["status"] == "reported"],
+                           "the missing standby reported", 120)
+        assert "terraform apply" in missing[0]["message"] and gone["host"] in missing[0]["message"], missing
+        assert not fleet.hosts[gone["host"]].guests("pgc"), "the manager built a guest where Terraform destroyed one"
     with fleet.connect(fleet.instance(INSTANCE).primary, database=APP_DATABASE) as conn:  # type: ignore[arg-type]
         missing = writer.missing(conn)
     log(f"writer: {len(writer.acked)} commits acknowledged, {len(missing)} missing, {len(writer.errors)} failed tries")
@@ -353,7 +363,7 @@ def test_three_hosts_with_standbys(world: World) -> None:
 
     # -- destroy the rest: no guest, no volume ---------------------------------------------------
     terraform_xml = fleet.hosts["h0"].conn.lookupByName(INSTANCE).XMLDesc(libvirt.VIR_DOMAIN_XML_INACTIVE)
-    for host in ("h0", "h2"):
+    for host in sorted(world.applied):
         world.terraform(host, "destroy", "-auto-approve", "-input=false")
         world.applied.discard(host)
     assert leftovers(fleet) == []
