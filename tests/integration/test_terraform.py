@@ -163,8 +163,10 @@ def _healthy(url: str) -> bool:
 def world(tmp_path_factory: pytest.TempPathFactory) -> Iterator[World]:
     paths = Paths(STATE_DIR, image_dir())
     sandbox = Sandbox(paths.sandbox_dir)
-    # Start clean: a run killed half-way leaves its sandbox (ours alone: own state directory).
+    # Start clean: a run killed half-way leaves its sandbox (ours alone: own state directory), and
+    # an earlier run's synchronous-set records name guests that are gone.
     sandbox.down()
+    shutil.rmtree(STATE_DIR / "sync", ignore_errors=True)
     timings: dict[str, float] = {}
     started = time.monotonic()
     config = sandbox.up(3)
