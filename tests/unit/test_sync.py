@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
 from pgcarve.config import Replication
 from pgcarve.control.sync import ReplicaState, initial_record, names_for, plan_sync
 from pgcarve.control.sync_record import SyncRecord
@@ -89,3 +90,28 @@ def test_a_terraform_primary_whose_standbys_are_not_there_yet_is_recorded_with_t
     assert records.get("pgc-01") == record
     # Nobody streams yet: the keeper keeps waiting on the chosen one rather than switching.
     assert plan_sync(record, [], {}, 4096, {}, 5.0) is None
+
+
+def test_a_recorded_primary_that_streams_from_another_server_is_never_promoted(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The record names pgc-01-s1 (a failover long ago), but the instance's guests were all made
+    again: pgc-01-s1 is now a standby streaming from the new pgc-01. Promoting it would make a
+    second primary; the keeper leaves it be and says why."""
+    from types import SimpleNamespace
+
+    from pgcarve.control import sync
+    from pgcarve.control.sync_record import SyncRecords
+
+    records = SyncRecords(tmp_path)
+    records.put(SyncRecord(instance="pgc-01", primary="pgc-01-s1", primary_host="h1", members=("pgc-01-s2",),
+                           synchronous=("pgc-01-s2",)))
+    keeper = sync.SyncKeeper(SimpleNamespace(config=None), records)  # type: ignore[arg-type]
+    promoted: list[object] = []
+    monkeypatch.setattr(sync.replication, "promote", lambda conn, timeout: promoted.append(conn) or True)
+    monkeypatch.setattr(sync.replication, "set_synchronous_standby_names", lambda conn, names: None)
+    monkeypatch.setattr(sync.replication, "settle_new_primary", lambda conn: None)
+    inst = SimpleNamespace(name="pgc-01", primary=SimpleNamespace(name="pgc-01-s1"))
+    for streams, expected in ((True, []), (False, ["conn"])):
+        monkeypatch.setattr(sync.replication, "receiving", lambda conn, s=streams: s)
+        keeper._unfence(inst, "conn")  # type: ignore[arg-type]
+        assert promoted == expected

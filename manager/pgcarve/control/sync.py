@@ -178,6 +178,14 @@ class SyncKeeper:
         record = self.records.get(inst.name)
         if record is None or record.primary != inst.primary.name or record.failover_to is not None:
             return KeepResult(None, False)
+        if replication.receiving(conn):
+            # A fenced primary streams from nobody. This one is a standby of another server: the
+            # record predates the guests (all destroyed and made again, by Terraform say), and
+            # promoting it would make a second primary.
+            log.error("%s: its synchronous-set record names %s as the primary, but %s streams from another "
+                      "server; not promoting it (remove %s if the instance was made again)", inst.name,
+                      inst.primary.name, inst.primary.name, self.records.directory / f"{inst.name}.json")
+            return KeepResult(None, False)
         replication.set_synchronous_standby_names(conn, names_for(record))
         if not replication.promote(conn, 60):
             return KeepResult(None, False)
