@@ -327,3 +327,24 @@ def test_a_terraform_guests_stop_event_is_a_fault(tmp_path: Path) -> None:
     finally:
         conn.close()
 
+
+
+def test_a_stale_record_never_gets_the_real_primary_rewound(world: World, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The record names pgc-01-s1 as the primary (a failover, long ago), but the guests were all
+    made again: pgc-01 is the primary and pgc-01-s1 streams from it. The repair must not rejoin
+    pgc-01 onto its own standby: it stops, saying why, and touches nothing."""
+    from pgcarve.control.sync_record import SyncRecord
+
+    world.define("h1", 1)
+    world.define("h2", 1, standby=1)
+    world.fleet.sync_records.put(SyncRecord(instance="pgc-01", primary="pgc-01-s1", primary_host="h2",
+                                            members=(), synchronous=()))
+    monkeypatch.setattr(world.fleet, "reach", lambda info, with_endpoint=True: Guest(
+        info=info, address="10.77.0.250", endpoint=("127.0.0.1", 5432)))
+    monkeypatch.setattr(Repairer, "_streams_from_another", lambda self, guest: guest.name == "pgc-01-s1")
+    rejoined: list[str] = []
+    monkeypatch.setattr(world.provisioner, "rejoin", lambda guest, *args, **kwargs: rejoined.append(guest.name))
+    with pytest.raises(GuestNotReady, match="pgc-01-s1 streams from another server"):
+        Repairer(world.fleet, world.provisioner).repair(1, "restart")
+    assert rejoined == [] and world.removed == [] and world.provisioner.built == []
+    assert world.state("h1", "pgc-01") == "running"

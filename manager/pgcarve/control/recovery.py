@@ -267,6 +267,12 @@ class Repairer:
         primary = inst.primary
         if primary.endpoint is None:
             primary = self.provisioner.wait_sql(self.fleet.config.host(primary.info.host), primary.name, progress)
+        elif self._streams_from_another(primary):
+            # Rejoining "former primaries" onto it would stop the server that really is the primary.
+            raise GuestNotReady(f"{inst.name}: its synchronous-set record names {primary.name} as the primary, but "
+                                f"{primary.name} streams from another server: the record predates the instance's "
+                                "guests (made again?); nothing is rejoined or rebuilt until it is removed "
+                                f"({self.fleet.sync_records.directory / (inst.name + '.json')})")
         left: list[RepairStep] = []
         with self.fleet.locks.welcome_keeper(index):  # the primary stays: the sync set may be kept
             done += self._mend_standbys(inst, primary, progress, left)
@@ -386,6 +392,14 @@ class Repairer:
         if lacking and not steps:
             raise CapacityError(lacking)
         return steps
+
+    def _streams_from_another(self, guest: Guest) -> bool:
+        """Is `guest` a standby streaming from some other server now? (False when it cannot be asked.)"""
+        try:
+            with self.fleet.connect(guest, timeout_s=3) as conn:
+                return replication.in_recovery(conn) and replication.receiving(conn)
+        except (psycopg.Error, PgcarveError):
+            return False
 
     def _detached(self, inst: Instance, primary: Guest) -> list[Guest]:
         """Running standbys that stream from nobody (detached by a failover that was refused, or
