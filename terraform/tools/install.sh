@@ -16,6 +16,8 @@
 #   bin/terraform                      Terraform v1.5.7
 #   terraform-mirror/registry.terraform.io/dmacvicar/libvirt/0.7.6/<os>_<arch>/
 #                                      terraform-provider-libvirt_v0.7.6 (filesystem mirror)
+#   bin/tflint                         TFLint v0.64.0 (its bundled terraform ruleset), when the go
+#                                      found is 1.26 or newer; skipped otherwise, with a line saying so
 #   terraformrc                        CLI config: use it with TF_CLI_CONFIG_FILE=$PGCARVE_TOOLS/terraformrc
 #   go/                                isolated GOPATH, GOMODCACHE (kept), GOCACHE (removed after a build)
 #   src/                               the generated local Go modules that are built
@@ -66,6 +68,9 @@ TF_VERSION=1.5.7
 PROVIDER_MODULE=github.com/dmacvicar/terraform-provider-libvirt
 PROVIDER_VERSION=0.7.6
 PROVIDER_ADDR=registry.terraform.io/dmacvicar/libvirt
+TFLINT_MODULE=github.com/terraform-linters/tflint
+TFLINT_VERSION=0.64.0
+TFLINT_GO_MINOR=26          # its go.mod says go 1.26.3: built only with a go that new, else skipped
 GO_MIN_MINOR=19             # oldest go 1.x verified to build both
 FALLBACK_GO=go1.20.14       # pinned fallback toolchain (hash in pins/toolchain.go.sum)
 BUILD_RECIPE=1              # bump when the build commands below change, to force a rebuild
@@ -102,6 +107,7 @@ case "$(uname -s)/$(uname -m)" in
 esac
 
 tf_bin=$T/bin/terraform
+tflint_bin=$T/bin/tflint
 mirror=$T/terraform-mirror
 provider_bin=$mirror/$PROVIDER_ADDR/$PROVIDER_VERSION/$platform/terraform-provider-libvirt_v$PROVIDER_VERSION
 rc=$T/terraformrc
@@ -276,6 +282,18 @@ build_terraform() {
   printf '%s\n' "$tf_key" >"$stamps/terraform"
 }
 
+build_tflint() {
+  log "tflint: building v$TFLINT_VERSION from source (first time ~3 min on 2 cores)"
+  local d
+  d=$(new_build_module tflint "$TFLINT_MODULE")
+  verify_modules "$d"
+  mkdir -p "$T/bin" "$stamps"
+  (cd "$d" && go_ build -trimpath -ldflags='-s -w' -o "$tflint_bin.tmp" "$TFLINT_MODULE") \
+    || die "building tflint failed"
+  mv -f -- "$tflint_bin.tmp" "$tflint_bin"
+  printf '%s\n' "$tflint_key" >"$stamps/tflint"
+}
+
 build_provider() {
   log "provider: building terraform-provider-libvirt v$PROVIDER_VERSION (first time ~1 min)"
   local d json gomod
@@ -358,6 +376,15 @@ repin() {
   cp -- "$d/go.mod" "$pins/provider-build.go.mod"
   cp -- "$d/go.sum" "$pins/provider-build.go.sum"
 
+  log "repin: tflint v$TFLINT_VERSION"
+  d=$T/src/repin-tflint
+  rm -rf -- "$d"; mkdir -p "$d"
+  printf 'module pgcarve.local/tflint-build\n\ngo 1.26.3\n\nrequire %s v%s\n' "$TFLINT_MODULE" "$TFLINT_VERSION" >"$d/go.mod"
+  write_tools_go "$d" "$TFLINT_MODULE"
+  (cd "$d" && go_ mod tidy)
+  cp -- "$d/go.mod" "$pins/tflint-build.go.mod"
+  cp -- "$d/go.sum" "$pins/tflint-build.go.sum"
+
   log "repin: toolchain $FALLBACK_GO"
   local mod=golang.org/toolchain v
   d=$T/src/repin-toolchain
@@ -377,11 +404,13 @@ if [[ $mode == repin ]]; then
   exit 0
 fi
 
-for f in terraform-build.go.mod terraform-build.go.sum provider-build.go.mod provider-build.go.sum toolchain.go.sum; do
+for f in terraform-build.go.mod terraform-build.go.sum provider-build.go.mod provider-build.go.sum \
+         tflint-build.go.mod tflint-build.go.sum toolchain.go.sum; do
   [[ -f $pins/$f ]] || die "missing $pins/$f (run --repin)"
 done
 tf_key="terraform v$TF_VERSION recipe $BUILD_RECIPE pins $(pins_hash "$pins/terraform-build.go.mod" "$pins/terraform-build.go.sum")"
 provider_key="provider v$PROVIDER_VERSION $platform recipe $BUILD_RECIPE pins $(pins_hash "$pins/provider-build.go.mod" "$pins/provider-build.go.sum")"
+tflint_key="tflint v$TFLINT_VERSION recipe $BUILD_RECIPE pins $(pins_hash "$pins/tflint-build.go.mod" "$pins/tflint-build.go.sum")"
 
 built=0
 if [[ $mode == rebuild ]] || ! is_current "$tf_bin" "$stamps/terraform" "$tf_key"; then
@@ -397,6 +426,18 @@ if [[ $mode == rebuild ]] || ! is_current "$provider_bin" "$stamps/provider" "$p
   built=1
 else
   log "provider: v$PROVIDER_VERSION up to date (filesystem mirror $mirror)"
+fi
+if [[ $mode == rebuild ]] || ! is_current "$tflint_bin" "$stamps/tflint" "$tflint_key"; then
+  pick_go
+  if (( $(go_minor "$GO") >= TFLINT_GO_MINOR )); then
+    build_tflint
+    built=1
+  else
+    # A linter is a check, not a dependency: without it the Terraform tests that need it skip.
+    log "tflint: skipped: v$TFLINT_VERSION needs go >= 1.$TFLINT_GO_MINOR, and $(go_ version) was found"
+  fi
+else
+  log "tflint: v$TFLINT_VERSION up to date ($tflint_bin)"
 fi
 if (( built )); then
   rm -rf -- "$T/go/cache"   # ~1 GB of compiler output, useless until the pins change

@@ -41,6 +41,11 @@ TERRAFORM = TOOLS / "bin" / "terraform"
 TERRAFORMRC = TOOLS / "terraformrc"
 IMAGE_HASH = hashlib.sha256(b"pgcarve unit test image").hexdigest()
 
+TFLINT = TOOLS / "bin" / "tflint"
+needs_tflint = pytest.mark.skipif(
+    not TFLINT.exists(),
+    reason=f"{TFLINT} is not built: `make tools` builds it when the go found is 1.26 or newer",
+)
 needs_terraform = pytest.mark.skipif(
     not (TERRAFORM.exists() and TERRAFORMRC.exists()),
     reason=f"{TERRAFORM} is not built: run `make tools` (terraform/tools/install.sh)",
@@ -460,3 +465,13 @@ def test_xslt_turns_provider_xml_into_the_managers(fleet: Fleet, initialised_mod
         assert (root.find("memoryBacking/hugepages") is not None) == (variant == "kvm-hugepages")
         assert [p.get("cpuset") for p in root.findall("cputune/vcpupin")] == [
             str(c) for c in doc["instances"][name]["vcpu_pins"]]
+
+
+@needs_tflint
+def test_tflint_finds_nothing() -> None:
+    """TFLint with every rule of its bundled terraform ruleset, on the module and on the example
+    root module that calls it."""
+    for directory in (MODULE, EXAMPLE):
+        proc = subprocess.run([str(TFLINT), f"--chdir={directory}", f"--config={MODULE / '.tflint.hcl'}",
+                               "--format=compact"], capture_output=True, text=True, timeout=120, check=False)
+        assert proc.returncode == 0, f"tflint in {directory}:\n{proc.stdout}{proc.stderr}"
