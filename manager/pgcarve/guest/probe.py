@@ -37,3 +37,11 @@ class DomainTypes:
                 self.cache_file.parent.mkdir(parents=True, exist_ok=True)
                 self.cache_file.write_text(json.dumps(cache, indent=2))
             return str(cache[uri]["domain_type"])
+
+    def cached(self, host: str) -> tuple[str, str] | None:
+        """The probe's earlier answer for `host` (domain type, why), if it has one: only read,
+        never probed (pgcarve doctor reports it)."""
+        with self._lock:
+            cache = json.loads(self.cache_file.read_text()) if self.cache_file.exists() else {}
+        found = cache.get(self.config.host(host).uri)
+        return (str(found["domain_type"]), str(found.get("why", ""))) if found else None

@@ -65,6 +65,16 @@ class HostStorage:
                 pool.refresh(0)
             return pool
 
+    def _running_pool(self) -> libvirt.virStoragePool | None:
+        """pgcarve's pool if it is defined and running, without defining or starting it."""
+        try:
+            pool = self.host.conn.storagePoolLookupByName(self.pool_name)
+        except libvirt.libvirtError as exc:
+            if exc.get_error_code() == libvirt.VIR_ERR_NO_STORAGE_POOL:
+                return None
+            raise
+        return pool if pool.isActive() else None
+
     def volume_names(self) -> set[str]:
         with self._lock, self.host.translate("listing volumes"):
             return set(self.ensure_pool(refresh=True).listVolumes())
@@ -110,13 +120,14 @@ class HostStorage:
                 initrd_path=pool.storageVolLookupByName(names[2]).path(),
             )
 
-    def uploaded_image(self, tag: str) -> BaseImage | None:
+    def uploaded_image(self, tag: str, prepare: bool = True) -> BaseImage | None:
         """The image version `tag` if its volumes are on this host (a retired guest's disk was
-        made from it: control/retirement.py boots it with its own kernel again)."""
+        made from it: control/retirement.py boots it with its own kernel again). prepare=False
+        only looks: a pool that is not defined or not running means no image, and stays so."""
         names = (f"pgcarve-base-{tag}.qcow2", f"pgcarve-vmlinuz-{tag}", f"pgcarve-initrd-{tag}")
         with self._lock, self.host.translate(f"looking up guest image {tag}"):
-            pool = self.ensure_pool(refresh=True)
-            if not set(names) <= set(pool.listVolumes()):
+            pool = self.ensure_pool(refresh=True) if prepare else self._running_pool()
+            if pool is None or not set(names) <= set(pool.listVolumes()):
                 return None
             return BaseImage(disk=names[0], kernel_path=pool.storageVolLookupByName(names[1]).path(),
                              initrd_path=pool.storageVolLookupByName(names[2]).path())
