@@ -348,3 +348,14 @@ def test_a_stale_record_never_gets_the_real_primary_rewound(world: World, monkey
         Repairer(world.fleet, world.provisioner).repair(1, "restart")
     assert rejoined == [] and world.removed == [] and world.provisioner.built == []
     assert world.state("h1", "pgc-01") == "running"
+
+
+def test_standbys_without_a_guest_are_named_for_the_writes_line(world: World) -> None:
+    """A primary applied before its standby host: GET /v1/instances' `writes` names the standby
+    that has no guest yet and its host (Fleet.absent_standbys), and stops once it exists."""
+    world.define("h1", 1)
+    [inst] = world.fleet.observe()
+    assert world.fleet.absent_standbys(inst) == ["pgc-01-s1 on h2"]
+    world.define("h2", 1, standby=1)
+    [inst] = world.fleet.observe()
+    assert world.fleet.absent_standbys(inst) == []
