@@ -270,28 +270,24 @@ verify_modules() { # verify_modules DIR: re-hash what is already cached against 
   (cd "$1" && go_ mod verify >/dev/null) || die "go mod verify failed in $1: module cache does not match the pins"
 }
 
+build_pinned() { # build_pinned NAME MODULE BINARY KEY: the module's main package, from pins/NAME-build.*
+  local d
+  d=$(new_build_module "$1" "$2")
+  verify_modules "$d"
+  mkdir -p "$(dirname -- "$3")" "$stamps"
+  (cd "$d" && go_ build -trimpath -ldflags='-s -w' -o "$3.tmp" "$2") || die "building $1 failed"
+  mv -f -- "$3.tmp" "$3"
+  printf '%s\n' "$4" >"$stamps/$1"
+}
+
 build_terraform() {
   log "terraform: building v$TF_VERSION from source (first time ~5 min on 2 cores)"
-  local d
-  d=$(new_build_module terraform "$TF_MODULE")
-  verify_modules "$d"
-  mkdir -p "$T/bin" "$stamps"
-  (cd "$d" && go_ build -trimpath -ldflags='-s -w' -o "$tf_bin.tmp" "$TF_MODULE") \
-    || die "building terraform failed"
-  mv -f -- "$tf_bin.tmp" "$tf_bin"
-  printf '%s\n' "$tf_key" >"$stamps/terraform"
+  build_pinned terraform "$TF_MODULE" "$tf_bin" "$tf_key"
 }
 
 build_tflint() {
   log "tflint: building v$TFLINT_VERSION from source (first time ~3 min on 2 cores)"
-  local d
-  d=$(new_build_module tflint "$TFLINT_MODULE")
-  verify_modules "$d"
-  mkdir -p "$T/bin" "$stamps"
-  (cd "$d" && go_ build -trimpath -ldflags='-s -w' -o "$tflint_bin.tmp" "$TFLINT_MODULE") \
-    || die "building tflint failed"
-  mv -f -- "$tflint_bin.tmp" "$tflint_bin"
-  printf '%s\n' "$tflint_key" >"$stamps/tflint"
+  build_pinned tflint "$TFLINT_MODULE" "$tflint_bin" "$tflint_key"
 }
 
 build_provider() {
