@@ -31,7 +31,6 @@ from pgcarve.control.sync import initial_record, names_for
 from pgcarve.errors import ConfigError
 from pgcarve.guest.image import LocalImage
 from pgcarve.guest.seed import GuestSeed
-from pgcarve.naming import instance_name, standby_name
 from pgcarve.virt.domain_xml import DomainSpec, InstanceMetadata
 from pgcarve.virt.storage import BaseImage
 
@@ -129,11 +128,9 @@ def _planned_guest(fleet: Fleet, provisioner: Provisioner, host: HostConfig,
                    index: int) -> tuple[InstanceMetadata, GuestSeed, str] | None:
     """Metadata, seed and reserved address of instance `index`'s guest on `host` (None: it has none)."""
     config = fleet.config
-    name = instance_name(config.fleet, index)
-    primary_host, standby_hosts = fleet.placement.hosts_for(index)
-    standbys = [(standby_name(config.fleet, index, s), h) for s, h in enumerate(standby_hosts, start=1)]
-    members = [(name, primary_host), *standbys]
-    addresses = {guest: reserved_address(fleet, h.name, index) for guest, h in members}
+    members = fleet.placement.guests(index)
+    (primary_host, name), standbys = members[0], [(guest, h) for h, guest in members[1:]]
+    addresses = {guest: reserved_address(fleet, h.name, index) for h, guest in members}
     secrets = fleet.secrets.load_or_create(name)  # whichever host is planned first makes them
     if host.name == primary_host.name:
         record = initial_record(name, name, primary_host.name, [s for s, _ in standbys], config.replication)

@@ -339,20 +339,24 @@ EOF
 # ---------------------------------------------------------------------------------------
 # --repin: regenerate pins/ from the upstream modules (verified by the checksum database).
 # ---------------------------------------------------------------------------------------
+repin_plain() { # repin_plain NAME MODULE VERSION GO: pins/NAME-build.* for a module without replace lines
+  local d=$T/src/repin-$1
+  log "repin: $1 v$3"
+  rm -rf -- "$d"; mkdir -p "$d"
+  printf 'module pgcarve.local/%s-build\n\ngo %s\n\nrequire %s v%s\n' "$1" "$4" "$2" "$3" >"$d/go.mod"
+  write_tools_go "$d" "$2"
+  (cd "$d" && go_ mod tidy)
+  cp -- "$d/go.mod" "$pins/$1-build.go.mod"
+  cp -- "$d/go.sum" "$pins/$1-build.go.sum"
+}
+
 repin() {
   pick_go
   export GOFLAGS="-modcacherw -buildvcs=false"   # tidy must be allowed to write go.mod/go.sum
   mkdir -p "$pins"
   local d json gomod r args=()
 
-  log "repin: terraform v$TF_VERSION"
-  d=$T/src/repin-terraform
-  rm -rf -- "$d"; mkdir -p "$d"
-  printf 'module pgcarve.local/terraform-build\n\ngo 1.18\n\nrequire %s v%s\n' "$TF_MODULE" "$TF_VERSION" >"$d/go.mod"
-  write_tools_go "$d" "$TF_MODULE"
-  (cd "$d" && go_ mod tidy)
-  cp -- "$d/go.mod" "$pins/terraform-build.go.mod"
-  cp -- "$d/go.sum" "$pins/terraform-build.go.sum"
+  repin_plain terraform "$TF_MODULE" "$TF_VERSION" 1.18
 
   log "repin: terraform-provider-libvirt v$PROVIDER_VERSION"
   d=$T/src/repin-provider
@@ -372,14 +376,7 @@ repin() {
   cp -- "$d/go.mod" "$pins/provider-build.go.mod"
   cp -- "$d/go.sum" "$pins/provider-build.go.sum"
 
-  log "repin: tflint v$TFLINT_VERSION"
-  d=$T/src/repin-tflint
-  rm -rf -- "$d"; mkdir -p "$d"
-  printf 'module pgcarve.local/tflint-build\n\ngo 1.26.3\n\nrequire %s v%s\n' "$TFLINT_MODULE" "$TFLINT_VERSION" >"$d/go.mod"
-  write_tools_go "$d" "$TFLINT_MODULE"
-  (cd "$d" && go_ mod tidy)
-  cp -- "$d/go.mod" "$pins/tflint-build.go.mod"
-  cp -- "$d/go.sum" "$pins/tflint-build.go.sum"
+  repin_plain tflint "$TFLINT_MODULE" "$TFLINT_VERSION" 1.26.3
 
   log "repin: toolchain $FALLBACK_GO"
   local mod=golang.org/toolchain v

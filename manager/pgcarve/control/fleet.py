@@ -22,7 +22,7 @@ from pgcarve.guest.credentials import Credentials, InstanceSecrets, InstanceSecr
 from pgcarve.guest.image import HostImages
 from pgcarve.guest.probe import DomainTypes
 from pgcarve.guest.tls import FleetCA
-from pgcarve.naming import instance_name, standby_name
+from pgcarve.naming import instance_name
 from pgcarve.planning.placement import Placement
 from pgcarve.planning.topology import HostTopology, parse_capabilities, with_cores_rotated
 from pgcarve.postgres import conninfo, session
@@ -199,9 +199,7 @@ class Fleet:
         if len(inst.standbys) + len(inst.stale) >= self.config.replication.standbys:
             return []
         present = {g.name for g in inst.guests}
-        _, hosts = self.placement.hosts_for(inst.index)
-        planned = [(standby_name(self.config.fleet, inst.index, s), h.name) for s, h in enumerate(hosts, start=1)]
-        return [f"{name} on {host}" for name, host in planned if name not in present]
+        return [f"{name} on {host.name}" for host, name in self.placement.guests(inst.index)[1:] if name not in present]
 
     def instance_at(self, index: int) -> Instance | None:
         """Instance `index` as libvirt shows it now (only its own guests are reached), if it exists."""

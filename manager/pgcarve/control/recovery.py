@@ -29,7 +29,6 @@ from pgcarve.control.fleet import Fleet, Guest, Instance, Progress, no_progress
 from pgcarve.control.provisioning import Provisioner
 from pgcarve.control.removal import remove_guest
 from pgcarve.errors import CapacityError, GuestNotReady, PgcarveError
-from pgcarve.naming import instance_name, standby_name
 from pgcarve.postgres import replication
 
 log = logging.getLogger("pgcarve.control.recovery")
@@ -188,10 +187,7 @@ class Repairer:
 
     def empty_slots(self, inst: Instance) -> list[tuple[HostConfig, str]]:
         """(host, guest name) of each slot of the instance's placement where none of its guests is."""
-        primary_host, standby_hosts = self.fleet.placement.hosts_for(inst.index)
-        fleet_name = self.fleet.config.fleet
-        slots = [(primary_host, instance_name(fleet_name, inst.index))] + [
-            (h, standby_name(fleet_name, inst.index, s)) for s, h in enumerate(standby_hosts, start=1)]
+        slots = self.fleet.placement.guests(inst.index)
         occupied = {g.info.host for g in inst.guests}
         names = {g.name for g in inst.guests}
         return [(h, n) for h, n in slots if h.name not in occupied and n not in names]

@@ -22,6 +22,7 @@ from dataclasses import dataclass
 
 from pgcarve.config import FleetConfig, HostConfig, InstanceSize
 from pgcarve.errors import CapacityError, ConfigError
+from pgcarve.naming import instance_name, standby_name
 from pgcarve.planning.planner import HostPlan, InstanceSlot, PlannerConfig, capacity, plan_host
 from pgcarve.planning.topology import HostTopology
 
@@ -79,6 +80,14 @@ class Placement:
         chosen = [standby_hosts[(index + s - 2) % len(standby_hosts)]
                   for s in range(1, self.config.replication.standbys + 1)]
         return primary_host, chosen
+
+    def guests(self, index: int) -> list[tuple[HostConfig, str]]:
+        """(host, guest name) of instance `index`'s planned guests: its primary, then its standbys
+        in standby order (pgc-01 on the primary host, pgc-01-sK on standby host K)."""
+        primary_host, standby_hosts = self.hosts_for(index)
+        fleet = self.config.fleet
+        return [(primary_host, instance_name(fleet, index))] + [
+            (host, standby_name(fleet, index, s)) for s, host in enumerate(standby_hosts, start=1)]
 
     def slot(self, host: str, index: int) -> tuple[HostPlan, InstanceSlot]:
         """The CPU slot instance `index` takes on `host` (stable across scaling)."""
