@@ -18,10 +18,15 @@ DEMO_INSTANCES ?= 2
 DEMO_SECONDS ?= 20
 DEMO_CLIENTS ?= 8
 API_PORT ?= 8080
+# unix: libvirt sockets and forwards from this machine; ssh: as on real hosts (libvirt over
+# qemu+ssh, guests by address, the manager in a namespace of its own, its API published on
+# 127.0.0.1; then commands that reach guests run through `pgcarve sandbox exec --`).
+DEMO_TRANSPORT ?= unix
+IN_MANAGER := $(PGCARVE) sandbox exec --
 
 APT_PACKAGES := qemu-system-x86 qemu-utils libvirt-daemon-system libvirt-clients libvirt-dev \
 	pkg-config gcc dnsmasq-base xsltproc mmdebstrap e2fsprogs genisoimage \
-	postgresql-15 postgresql-client iproute2 python3-venv python3-dev ca-certificates chromium prometheus
+	postgresql-15 postgresql-client iproute2 openssh-server python3-venv python3-dev ca-certificates chromium prometheus
 
 .PHONY: help deps apt venv image vendor tools demo down test test-faults lint unit integration bench clean
 
@@ -67,11 +72,12 @@ image: apt
 ## --- demo ---------------------------------------------------------------------------------
 
 demo: deps image
-	$(PGCARVE) sandbox up --hosts $(DEMO_HOSTS)
-	$(PGCARVE) up --instances $(DEMO_INSTANCES)
-	$(PGCARVE) server start --port $(API_PORT)
-	$(PGCARVE) load --seconds $(DEMO_SECONDS) --clients $(DEMO_CLIENTS)
-	$(PGCARVE) status
+	$(PGCARVE) sandbox up --hosts $(DEMO_HOSTS) --transport $(DEMO_TRANSPORT)
+	$(IN_MANAGER) $(PGCARVE) up --instances $(DEMO_INSTANCES)
+	$(IN_MANAGER) $(PGCARVE) server start --port $(API_PORT)
+	$(PGCARVE) sandbox publish --port $(API_PORT)
+	$(IN_MANAGER) $(PGCARVE) load --seconds $(DEMO_SECONDS) --clients $(DEMO_CLIENTS)
+	$(IN_MANAGER) $(PGCARVE) status
 
 down:
 	@if [ -x $(PGCARVE) ]; then \

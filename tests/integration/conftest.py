@@ -135,17 +135,24 @@ def wait_operation(env: CarveEnv, op_id: str, timeout_s: float = 1500) -> dict[s
     raise AssertionError(f"operation {op_id} did not finish in {timeout_s} s")
 
 
-@pytest.fixture(scope="session")
-def carve_env() -> Iterator[CarveEnv]:
+def clean_sandbox(state_dir: Path) -> tuple[Paths, Sandbox]:
+    """The paths and sandbox of a test state directory, with whatever a crashed earlier run left
+    there stopped; skips without root, fails without the guest image."""
     if os.geteuid() != 0:
         pytest.skip("integration tests need root (network namespaces, libvirtd)")
     if not (image_dir() / "inputs.sha256").exists():
         pytest.fail(f"no guest image in {image_dir()}: run `make image` first (make test does)")
-    paths = Paths(IT_STATE, image_dir())
+    paths = Paths(state_dir, image_dir())
     sandbox = Sandbox(paths.sandbox_dir)
-    sandbox.down()  # a crashed earlier run may have left one
+    sandbox.down()
     for stale in ("operations.json", "server.json"):
-        (IT_STATE / stale).unlink(missing_ok=True)
+        (state_dir / stale).unlink(missing_ok=True)
+    return paths, sandbox
+
+
+@pytest.fixture(scope="session")
+def carve_env() -> Iterator[CarveEnv]:
+    paths, sandbox = clean_sandbox(IT_STATE)
     config = sandbox.up(3)
     port = free_port()
     try:

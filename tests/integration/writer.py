@@ -14,17 +14,23 @@ import time
 import uuid
 from collections.abc import Callable
 from pathlib import Path
+from typing import TypeVar
 
 import psycopg
+from pgcarve.sandbox.forward import join_netns
 
 TABLE = "fault_log"
+T = TypeVar("T")
 
 
 class AckedWriter:
     def __init__(self, dsn: Callable[[], str | None], *, ca_file: Path, max_rows: int = 200_000,
-                 max_seconds: float = 1800, pace_s: float = 0.02):
-        """`ca_file`: the fleet CA (<state>/tls/ca.pem), which every connection verifies the server with."""
+                 max_seconds: float = 1800, pace_s: float = 0.02, netns: Path | None = None):
+        """`ca_file`: the fleet CA (<state>/tls/ca.pem), which every connection verifies the server with.
+        `netns`: a network namespace the writer's thread joins first (where a manager with
+        `reach: direct` runs), so its connections go from there."""
         self.dsn = dsn
+        self.netns = netns
         self.ca_file = ca_file
         self.pace_s = pace_s  # a steady trickle: enough commits to check, little CPU taken from booting guests
         self.writer_id = uuid.uuid4().hex[:8]
@@ -68,6 +74,8 @@ class AckedWriter:
             time.sleep(0.2)
 
     def _run(self) -> None:
+        if self.netns is not None:
+            join_netns(str(self.netns))  # this thread only
         deadline = time.monotonic() + self.max_seconds
         conn: psycopg.Connection | None = None
         seq = 0
@@ -108,3 +116,23 @@ class AckedWriter:
         present = {r[0] for r in rows}
         with self._lock:
             return [s for s in self.acked if s not in present]
+
+
+def in_netns(netns: Path, work: Callable[[], T]) -> T:
+    """`work()` run on a thread of its own that first joins network namespace `netns`."""
+    result: list[T] = []
+    failure: list[BaseException] = []
+
+    def run() -> None:
+        try:
+            join_netns(str(netns))
+            result.append(work())
+        except BaseException as exc:  # handed to the caller
+            failure.append(exc)
+
+    thread = threading.Thread(target=run, name="in-netns", daemon=True)
+    thread.start()
+    thread.join()
+    if failure:
+        raise failure[0]
+    return result[0]

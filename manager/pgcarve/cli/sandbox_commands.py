@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 
 from pgcarve.cli.display import console, out
 from pgcarve.config import load_fleet_config
@@ -11,6 +12,7 @@ from pgcarve.control.removal import remove_instance
 from pgcarve.errors import NotFound, PgcarveError
 from pgcarve.sandbox.faults import SandboxFaults
 from pgcarve.sandbox.hosts import Sandbox
+from pgcarve.sandbox.remote import TRANSPORTS
 from pgcarve.settings import Settings
 
 
@@ -18,14 +20,18 @@ def cmd_sandbox(args: argparse.Namespace, settings: Settings) -> int:
     paths = settings.paths
     sandbox = Sandbox(paths.sandbox_dir)
     if args.action == "up":
-        config = sandbox.up(args.hosts, progress=lambda m: console.print(f"sandbox: {m}"))
+        config = sandbox.up(args.hosts, progress=lambda m: console.print(f"sandbox: {m}"), transport=args.transport)
         for host in config.hosts:
             out.print(f"{host.name}  {host.role:<8} {host.uri}")
         out.print(f"hosts file: {paths.sandbox_hosts_file}")
+        if args.transport == "ssh":
+            out.print(f"manager: run pgcarve in its namespace ({sandbox.manager.netns}, {sandbox.manager.address}) "
+                      "with `pgcarve sandbox exec -- pgcarve ...`; offer its API here with `pgcarve sandbox publish`")
     elif args.action == "down":
         if paths.sandbox_hosts_file.exists():
-            # Remove guests through libvirt first so their disks go too.
-            fleet = Fleet(load_fleet_config(paths.sandbox_hosts_file), paths)
+            # Remove guests through libvirt first so their disks go too (through the sandbox's own
+            # sockets: with --transport ssh, this machine does not route to the hosts).
+            fleet = Fleet(sandbox.backdoor(load_fleet_config(paths.sandbox_hosts_file)), paths)
             try:
                 for inst in fleet.observe(with_endpoints=False):
                     remove_instance(fleet, inst)
@@ -40,19 +46,49 @@ def cmd_sandbox(args: argparse.Namespace, settings: Settings) -> int:
         out.print("sandbox: down, nothing left behind")
     else:
         hosts = sandbox.hosts()
-        out.print(f"sandbox {'up' if sandbox.is_up() else 'down'}: {len(hosts)} host(s) in {sandbox.directory}")
+        out.print(f"sandbox {'up' if sandbox.is_up() else 'down'}: {len(hosts)} host(s) in {sandbox.directory}"
+                  f"{', transport ' + sandbox.transport if hosts else ''}")
+    return 0
+
+
+def cmd_exec(args: argparse.Namespace, settings: Settings) -> int:
+    """Run a command where the sandbox's manager runs (its namespace with --transport ssh)."""
+    sandbox = Sandbox(settings.paths.sandbox_dir)
+    command = args.command[1:] if args.command[:1] == ["--"] else list(args.command)
+    if not command:
+        raise PgcarveError("nothing to run: give a command after --, e.g. `pgcarve sandbox exec -- pgcarve status`")
+    if sandbox.transport == "ssh" and not sandbox.is_up():
+        raise PgcarveError("the sandbox is down: start it with `pgcarve sandbox up --transport ssh`")
+    full = sandbox.manager_command(command)
+    try:
+        os.execvp(full[0], full)  # noqa: S606  (the operator's own command)
+    except FileNotFoundError:
+        raise PgcarveError(f"cannot run {full[0]!r}: not found") from None
+    return 0  # not reached
+
+
+def cmd_publish(args: argparse.Namespace, settings: Settings) -> int:
+    """Offer the manager namespace's API on this machine's 127.0.0.1 (one forward)."""
+    sandbox = Sandbox(settings.paths.sandbox_dir)
+    if sandbox.transport != "ssh" or not sandbox.is_up():
+        out.print("sandbox: nothing to publish: the manager runs on this machine (transport unix)")
+        return 0
+    target = f"127.0.0.1:{args.target_port or args.port}"
+    sandbox.forwards.publish("api", str(sandbox.manager.netns_path), target, args.port)
+    out.print(f"sandbox: 127.0.0.1:{args.port} here reaches {target} in {sandbox.manager.netns}")
     return 0
 
 
 def cmd_kill_guest(args: argparse.Namespace, settings: Settings) -> int:
     """kill -9 a guest's QEMU, as a crash would (the HA loop notices and repairs it)."""
     paths = settings.paths
-    fleet = Fleet(load_fleet_config(paths.sandbox_hosts_file), paths)
+    sandbox = Sandbox(paths.sandbox_dir)
+    fleet = Fleet(sandbox.backdoor(load_fleet_config(paths.sandbox_hosts_file)), paths)
     try:
         info = next((g for g in fleet.guests() if g.name == args.guest), None)
         if info is None:
             raise NotFound(f"no guest named {args.guest!r} in the sandbox (see `pgcarve status --local`)")
-        pid = SandboxFaults(Sandbox(paths.sandbox_dir)).kill_guest(info.host, info.name)
+        pid = SandboxFaults(sandbox).kill_guest(info.host, info.name)
     finally:
         fleet.close()
     out.print(f"killed QEMU of {info.name} on {info.host} (pid {pid}); watch GET /v1/incidents")
@@ -92,7 +128,19 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
     sandbox_sub = sandbox.add_subparsers(dest="action", required=True)
     up = sandbox_sub.add_parser("up", help="start N private hosts (network namespaces, each with its libvirtd)")
     up.add_argument("--hosts", type=int, default=1, help="number of sandbox hosts (1-8)")
+    up.add_argument("--transport", choices=TRANSPORTS, default="unix",
+                    help="unix: libvirt sockets and forwards from this machine; ssh: as on real hosts (qemu+ssh, "
+                         "guests by address, the manager in a namespace of its own)")
     up.set_defaults(func=cmd_sandbox)
+    run = sandbox_sub.add_parser("exec", help="run a command where the sandbox's manager runs (with --transport "
+                                              "ssh: in its namespace), e.g. `pgcarve sandbox exec -- pgcarve up`")
+    run.add_argument("command", nargs=argparse.REMAINDER, help="the command, after --")
+    run.set_defaults(func=cmd_exec)
+    publish = sandbox_sub.add_parser("publish", help="offer the manager namespace's API on 127.0.0.1 here")
+    publish.add_argument("--port", type=int, default=8080, help="port on this machine's 127.0.0.1 (default 8080)")
+    publish.add_argument("--target-port", type=int, default=None,
+                         help="the API's port in the manager namespace (default: the same)")
+    publish.set_defaults(func=cmd_publish)
     for name, text in (("down", "stop every guest, daemon and namespace of the sandbox, by PID"),
                        ("status", "is the sandbox up, with how many hosts")):
         sandbox_sub.add_parser(name, help=text).set_defaults(func=cmd_sandbox)

@@ -321,13 +321,8 @@ class ForwardRegistry:
             return self._ensure(name, netns, target)
 
     def _ensure(self, name: str, netns: str, target: str) -> Forward:
-        current = self.get(name)
         port = self.port(name)
-        if current is not None and (current.target, current.netns, current.port) == (target, netns, port):
-            return current
-        if current is not None:
-            stop(current.process)
-        started = self._start(name, netns, target, port)
+        started = self._replace(name, netns, target, port)
         if started is None:
             # Another program took the port while no forward held it: the name gets a new one.
             fresh = self._assign(name, avoid=port)
@@ -336,6 +331,16 @@ class ForwardRegistry:
             if started is None:
                 raise SandboxError(f"forward for {name}: ports {port} and {fresh} are both taken")
         return started
+
+    def _replace(self, name: str, netns: str, target: str, port: int) -> Forward | None:
+        """The name's forward to exactly this target and port: the running one if it is that,
+        else a new one in its place; None if another program holds the port."""
+        current = self.get(name)
+        if current is not None and (current.target, current.netns, current.port) == (target, netns, port):
+            return current
+        if current is not None:
+            stop(current.process)
+        return self._start(name, netns, target, port)
 
     def _start(self, name: str, netns: str, target: str, port: int) -> Forward | None:
         """Start a forward on `port`; None if that port is taken."""
@@ -362,6 +367,15 @@ class ForwardRegistry:
                 raise SandboxError(f"forward for {name} to {target} failed to start: {err.strip()[-300:]}")
             time.sleep(0.02)
         raise SandboxError(f"forward for {name} to {target} did not start in {FORWARD_START_TIMEOUT_S:.0f} s")
+
+    def publish(self, name: str, netns: str, target: str, port: int) -> Forward:
+        """A running forward 127.0.0.1:`port` -> target, on exactly that port (a service such as
+        the API, whose address someone was told); SandboxError if another program holds it."""
+        with locked(self.directory / f".{name}.lock", directory_mode=0o755):
+            started = self._replace(name, netns, target, port)
+            if started is None:
+                raise SandboxError(f"127.0.0.1:{port} is taken by another program; choose another port with --port")
+            return started
 
     def remove(self, name: str) -> None:
         """Stop the guest's forward and its forwards to further ports ("NAME.pPORT", see

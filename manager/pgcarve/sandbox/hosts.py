@@ -7,8 +7,10 @@ namespace where /run, /etc/libvirt, /var/lib/libvirt, /var/log/libvirt and /var/
 are private, so nothing touches the machine's own libvirt. Guests, bridges, dnsmasq and every
 10.x address live only inside those namespaces. Hosts are joined by a virtual wire (a bridge in
 a namespace of its own, a veth to each host) and route each other's guest networks, so
-replication really crosses from one "host" to another. pgcarve reaches each libvirtd through its
-unix socket (a qemu+unix:// URI with socket=...), and guests through 127.0.0.1 forwards.
+replication really crosses from one "host" to another. By default pgcarve reaches each libvirtd
+through its unix socket (a qemu+unix:// URI with socket=...), and guests through 127.0.0.1
+forwards; with `--transport ssh` it reaches them as on real hosts (see sandbox/remote.py). The
+unix sockets stay the sandbox's own way in either way (`down`, faults).
 
 Everything started here is recorded under the sandbox directory (PID, start time, boot; see
 pgcarve.processes) and stopped by PID, only while the record still names the process.
@@ -20,8 +22,6 @@ import contextlib
 import hashlib
 import os
 import shutil
-import signal
-import subprocess
 import sys
 import time
 from collections.abc import Callable
@@ -33,6 +33,8 @@ from pgcarve.config import FleetConfig, HostConfig, InstanceSize, Replication, w
 from pgcarve.errors import SandboxError
 from pgcarve.processes import ProcessRecord, ProcessStatus
 from pgcarve.sandbox.forward import ForwardRegistry
+from pgcarve.sandbox.namespaces import NETNS_DIR, netns_exists, run_checked, same_netns, stop_namespace_processes
+from pgcarve.sandbox.remote import SSHD, TRANSPORTS, ManagerSide, authorize, host_public_key, sshd_config, wire_manager
 from pgcarve.virt.host import LibvirtHost
 from pgcarve.virt.xml_specs import NetworkSpec
 
@@ -42,7 +44,6 @@ WIRE_PREFIX = "10.76.0."
 NETWORK_NAME = "pgcarve"
 GUEST_BRIDGE = "pgcbr0"  # the guests' bridge inside each host's namespace
 MAX_HOSTS = 8
-NETNS_DIR = Path("/run/netns")  # where `ip netns add` keeps the namespaces it names
 
 # Runs inside `ip netns exec NS unshare --mount`: make the libvirt paths private, then start the
 # daemons. Values arrive as positional arguments, never pasted into the script.
@@ -56,22 +57,12 @@ for d in etc:/etc/libvirt lib:/var/lib/libvirt log:/var/log/libvirt cache:/var/c
   mkdir -p "$host_dir/${d%%:*}" "${d#*:}"
   mount --bind "$host_dir/${d%%:*}" "${d#*:}"
 done
+# What runs on the host over ssh (virt-ssh-helper) looks for libvirtd's socket where it would be.
+ln -s "$2/libvirt-sock" /run/libvirt/libvirt-sock
 virtlogd -d -p "$host_dir/pids/virtlogd.pid" -f /etc/libvirt/virtlogd.conf
 libvirtd -d -p "$host_dir/pids/libvirtd.pid" -f /etc/libvirt/libvirtd.conf
+if [ -n "$3" ]; then mkdir -p /run/sshd && /usr/sbin/sshd -f "$3"; fi
 """
-
-
-def same_netns(a: Path, b: Path) -> bool:
-    """Two nsfs paths name the same network namespace (what `ip netns identify` compares)."""
-    first, second = os.stat(a), os.stat(b)
-    return (first.st_dev, first.st_ino) == (second.st_dev, second.st_ino)
-
-
-def run_checked(args: list[str], check: bool = True) -> subprocess.CompletedProcess[str]:
-    proc = subprocess.run(args, capture_output=True, text=True, check=False)
-    if check and proc.returncode != 0:
-        raise SandboxError(f"`{' '.join(args)}` failed: {(proc.stderr or proc.stdout).strip()}")
-    return proc
 
 
 def machine_cores_per_socket() -> int:
@@ -96,7 +87,13 @@ class SandboxHost:
 
     @property
     def uri(self) -> str:
+        """The sandbox's own way in (its unix socket), whatever the transport."""
         return f"qemu+unix:///system?socket={self.socket_dir}/libvirt-sock"
+
+    @property
+    def address(self) -> str:
+        """The host's address on the sandbox wire."""
+        return f"{WIRE_PREFIX}{self.index + 1}"
 
     @property
     def netns_path(self) -> Path:
@@ -106,7 +103,7 @@ class SandboxHost:
     def pid_files(self) -> list[Path]:
         """The daemons' own pid files and pgcarve's records of them."""
         return [self.directory / "pids" / f"{daemon}.{ext}"
-                for daemon in ("libvirtd", "virtlogd") for ext in ("pid", "json")]
+                for daemon in ("libvirtd", "virtlogd", "sshd") for ext in ("pid", "json")]
 
 
 class Sandbox:
@@ -122,6 +119,30 @@ class Sandbox:
     @property
     def wire_netns(self) -> str:
         return f"pgc-{self.tag}-wire"
+
+    @property
+    def manager(self) -> ManagerSide:
+        """Where the manager runs with `--transport ssh` (see sandbox/remote.py)."""
+        return ManagerSide(f"pgc-{self.tag}-mgr", self.directory / "manager", f"{WIRE_PREFIX}254")
+
+    @property
+    def transport(self) -> str:
+        """How pgcarve reaches this sandbox's hosts: unix (sockets, forwards) or ssh (as on real hosts)."""
+        try:
+            return (self.directory / "transport").read_text().strip() or "unix"
+        except FileNotFoundError:
+            return "unix"
+
+    def manager_command(self, args: list[str]) -> list[str]:
+        """`args` run where the manager runs: in its namespace with `--transport ssh`, else here."""
+        return self.manager.command(args) if self.transport == "ssh" else list(args)
+
+    def backdoor(self, config: FleetConfig) -> FleetConfig:
+        """`config` with every sandbox host reached through its unix socket and forwards, for the
+        sandbox's own work from this machine (`down`, faults) whatever the transport."""
+        ours = {h.name: {"uri": h.uri, "reach": "sandbox", "netns": h.netns} for h in self.hosts()}
+        return config.model_copy(update={"hosts": [host.model_copy(update=ours.get(host.name, {}))
+                                                   for host in config.hosts]})
 
     def host(self, index: int) -> SandboxHost:
         return SandboxHost(
@@ -161,7 +182,9 @@ class Sandbox:
         try:
             pid = int((host.directory / "pids" / f"{daemon}.pid").read_text().strip())
             record = processes.record_process(pid)
-            ours = (bool(record.cmdline) and Path(record.cmdline[0]).name == daemon
+            # sshd retitles itself "sshd: /usr/sbin/sshd -f ...".
+            program = record.cmdline[0].split()[0].rstrip(":") if record.cmdline and record.cmdline[0] else ""
+            ours = (Path(program).name == daemon
                     and same_netns(Path(f"/proc/{pid}/ns/net"), host.netns_path))
         except (FileNotFoundError, ValueError, ProcessLookupError, PermissionError):
             return None
@@ -187,10 +210,17 @@ class Sandbox:
     # -- up ----------------------------------------------------------------------------------
 
     def up(self, hosts: int = 1, size: InstanceSize | None = None,
-           progress: Callable[[str], None] = lambda _m: None) -> FleetConfig:
+           progress: Callable[[str], None] = lambda _m: None, transport: str = "unix") -> FleetConfig:
         """Start `hosts` sandbox hosts (idempotent) and write the sandbox's hosts file."""
         if not 1 <= hosts <= MAX_HOSTS:
             raise SandboxError(f"the sandbox supports 1 to {MAX_HOSTS} hosts; {hosts} requested")
+        if transport not in TRANSPORTS:
+            raise SandboxError(f"unknown sandbox transport {transport!r}: use one of {', '.join(TRANSPORTS)}")
+        if self.hosts() and self.transport != transport:
+            raise SandboxError(f"the sandbox in {self.directory} is up with transport {self.transport}; "
+                               "run `pgcarve sandbox down` first to change it")
+        if transport == "ssh" and not SSHD.exists():
+            raise SandboxError(f"--transport ssh needs {SSHD}: run `make deps` (installs openssh-server)")
         if os.geteuid() != 0:
             raise SandboxError("the sandbox needs root (network namespaces, libvirtd)")
         missing = [t for t in REQUIRED_TOOLS if shutil.which(t) is None]
@@ -203,8 +233,17 @@ class Sandbox:
                 "run `pgcarve sandbox down` first to change the number of hosts"
             )
         self._wire_up(progress)
+        self.directory.mkdir(parents=True, exist_ok=True)
+        (self.directory / "transport").write_text(transport + "\n")
+        if transport == "ssh":
+            self.manager.write_client_files({})  # the client key, which each host lets in
         for index in range(hosts):
             self._host_up(self.host(index), hosts, progress)
+        if transport == "ssh":
+            progress(f"manager namespace {self.manager.netns} on {self.manager.address}, hosts over ssh")
+            self.manager.write_client_files({h.address: host_public_key(h.directory) for h in self.hosts()})
+            wire_manager(self.manager, self.wire_netns,
+                         {GUEST_NET.format(i=h.index): h.address for h in self.hosts()}, run_checked)
         config = self.fleet_config(hosts, size)
         write_fleet_config(config, self.directory / "hosts.yaml")
         return config
@@ -215,11 +254,14 @@ class Sandbox:
         # emulation, one instance's three guests on one core left the other idle and made every
         # boot, clone and repair take about twice as long.
         standby_offset = machine_cores_per_socket() // 2
+        ssh = self.transport == "ssh"  # then as on real hosts: ssh, and guests by their addresses
         host_configs = [
             HostConfig(
-                name=h.name, uri=h.uri, role="primary" if h.index == 0 else "standby",
+                name=h.name, uri=self.manager.host_uri(h.address) if ssh else h.uri,
+                role="primary" if h.index == 0 else "standby",
                 pool="pgcarve", pool_path="/var/lib/libvirt/pgcarve", network=NETWORK_NAME,
-                reach="sandbox", netns=h.netns, core_offset=0 if h.index == 0 else standby_offset,
+                reach="direct" if ssh else "sandbox", netns=None if ssh else h.netns,
+                core_offset=0 if h.index == 0 else standby_offset,
             )
             for h in (self.host(i) for i in range(hosts))
         ]
@@ -235,11 +277,8 @@ class Sandbox:
             hosts=host_configs,
         )
 
-    def _netns_exists(self, name: str) -> bool:
-        return (NETNS_DIR / name).exists()
-
     def _wire_up(self, progress: Callable[[str], None]) -> None:
-        if self._netns_exists(self.wire_netns):
+        if netns_exists(self.wire_netns):
             return
         progress(f"creating the sandbox wire (namespace {self.wire_netns})")
         run_checked(["ip", "netns", "add", self.wire_netns])
@@ -255,7 +294,7 @@ class Sandbox:
             (host.directory / sub).mkdir(parents=True, exist_ok=True)
         host.socket_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
         self._write_libvirt_config(host)
-        if not self._netns_exists(host.netns):
+        if not netns_exists(host.netns):
             run_checked(["ip", "netns", "add", host.netns])
             run_checked(["ip", "-n", host.netns, "link", "set", "lo", "up"])
             # The host's uplink to the wire, and routes to the other hosts' guest networks.
@@ -271,10 +310,15 @@ class Sandbox:
                           "via", f"{WIRE_PREFIX}{other + 1}"])
         for pid_file in host.pid_files:
             pid_file.unlink(missing_ok=True)
+        sshd = ""
+        if self.transport == "ssh":
+            sshd = str(sshd_config(host.directory, host.address))
+            authorize(host.directory, self.manager.key)
         self.run_reaped(host, ["ip", "netns", "exec", host.netns, "unshare", "--mount", "--propagation", "private",
-                                "sh", "-c", _START_DAEMONS, "pgcarve-sandbox", str(host.directory)])
+                                "sh", "-c", _START_DAEMONS, "pgcarve-sandbox", str(host.directory),
+                                str(host.socket_dir), sshd])
         lv = self.wait_libvirtd(host)
-        self.record_daemons(host, ("virtlogd", "libvirtd"))
+        self.record_daemons(host, ("virtlogd", "libvirtd", "sshd") if sshd else ("virtlogd", "libvirtd"))
         progress(f"{host.name}: network {NETWORK_NAME} 10.77.{host.index}.0/24 and storage pool")
         lv.ensure_network(NetworkSpec(NETWORK_NAME, GUEST_BRIDGE, f"10.77.{host.index}.1", 24,
                                       f"10.77.{host.index}.10", f"10.77.{host.index}.250"))
@@ -283,7 +327,7 @@ class Sandbox:
 
     def revive(self, host: SandboxHost) -> None:
         """Start a stopped host's daemons again (its namespace, disks and definitions kept)."""
-        if not self._netns_exists(host.netns):
+        if not netns_exists(host.netns):
             raise SandboxError(f"sandbox host {host.name} has no namespace any more: start the sandbox again "
                                "(`pgcarve sandbox up`)")
         self._host_up(host, len(self.hosts()), lambda _m: None)
@@ -370,49 +414,37 @@ class Sandbox:
                 record = self.daemon(host, daemon)
                 if record is not None:
                     processes.stop(record)
-            if self._netns_exists(host.netns):
-                self._stop_namespace_processes(host.netns)
+            if netns_exists(host.netns):
+                stop_namespace_processes(host.netns)
                 run_checked(["ip", "netns", "del", host.netns], check=False)
             for reaper in self._reapers(host):  # they leave once their daemons are gone
                 processes.stop(reaper)
             shutil.rmtree(host.directory, ignore_errors=True)
             shutil.rmtree(host.socket_dir, ignore_errors=True)
-        if self._netns_exists(self.wire_netns):
+        if netns_exists(self.manager.netns):
+            progress("stopping the manager namespace")
+            stop_namespace_processes(self.manager.netns)
+            run_checked(["ip", "netns", "del", self.manager.netns], check=False)
+        shutil.rmtree(self.manager.directory, ignore_errors=True)
+        (self.directory / "transport").unlink(missing_ok=True)
+        if netns_exists(self.wire_netns):
             run_checked(["ip", "netns", "del", self.wire_netns], check=False)
         shutil.rmtree(self.socket_root, ignore_errors=True)
         shutil.rmtree(self.directory / "forwards", ignore_errors=True)
         (self.directory / "hosts.yaml").unlink(missing_ok=True)
-
-    def _stop_namespace_processes(self, netns: str) -> None:
-        """Processes still inside a namespace we created (e.g. qemu or dnsmasq left by a killed
-        libvirtd) are ours: stop them by PID before the namespace goes."""
-        for _ in range(2):
-            # Recorded as listed, so the signals below reach these processes or none.
-            records = []
-            for pid in run_checked(["ip", "netns", "pids", netns], check=False).stdout.split():
-                with contextlib.suppress(ProcessLookupError):
-                    records.append(processes.record_process(int(pid)))
-            if not records:
-                return
-            for record in records:
-                processes.signal_process(record, signal.SIGTERM)
-            deadline = time.monotonic() + 10
-            while time.monotonic() < deadline and any(processes.check(r) is ProcessStatus.RUNNING for r in records):
-                time.sleep(0.1)
-            for record in records:
-                processes.signal_process(record, signal.SIGKILL)
 
     def leftovers(self) -> list[str]:
         """What of this sandbox still exists (empty when down left nothing behind)."""
         left = []
         for index in range(MAX_HOSTS):
             host = self.host(index)
-            if self._netns_exists(host.netns):
+            if netns_exists(host.netns):
                 left.append(f"namespace {host.netns}")
             if host.directory.exists():
                 left.append(f"directory {host.directory}")
-        if self._netns_exists(self.wire_netns):
-            left.append(f"namespace {self.wire_netns}")
+        for netns in (self.wire_netns, self.manager.netns):
+            if netns_exists(netns):
+                left.append(f"namespace {netns}")
         if self.socket_root.exists():
             left.append(f"directory {self.socket_root}")
         return left
