@@ -153,3 +153,35 @@ def test_every_guest_of_a_multi_cluster_instance_is_told_how_many_clusters(tmp_p
         assert standby.instance_json()["clusters"] == 3
     finally:
         fleet.close()
+
+
+def test_a_primary_too_busy_to_answer_is_asked_again_for_its_standbys_slots(
+        monkeypatch: pytest.MonkeyPatch, events: list[str]) -> None:
+    """Under emulation a primary beside booting guests and clones can miss a connection
+    timeout: the slot is asked for again rather than the whole new instance failing."""
+    import psycopg
+    from pgcarve.errors import GuestNotReady
+
+    monkeypatch.setattr(provisioning.time, "sleep", lambda s: None)
+    rec = Recorder(events)
+    busy = {"left": 2}
+    real_connect = rec._connect
+
+    @contextlib.contextmanager
+    def sometimes_late(guest: Guest, **kwargs: Any) -> Iterator[Guest]:
+        if busy["left"] > 0:
+            busy["left"] -= 1
+            raise psycopg.OperationalError("connection timeout expired")
+        with real_connect(guest, **kwargs) as conn:
+            yield conn
+
+    rec.fleet.connect = sometimes_late  # type: ignore[method-assign]
+    rec.create_instance(1)
+    assert busy["left"] == 0
+    assert {"slot pgcarve_pgc_01_s1", "slot pgcarve_pgc_01_s2"} <= set(events)
+    # A primary that never answers: the error says who, what for and how long.
+    busy["left"] = 10**6
+    primary = Guest(info=_info("pgc-01", "h0"), address="10.77.0.5", endpoint=None)
+    with pytest.raises(GuestNotReady, match=r"pgc-01 did not answer for 0 s to make the replication slot of "
+                                            r"pgc-01-s1 \(last: connection timeout expired\)"):
+        rec.make_slot(primary, "pgc-01-s1", timeout_s=0)

@@ -40,6 +40,7 @@ from pgcarve.virt.domain_xml import Disk, DomainSpec, InstanceMetadata, Nic, mac
 from pgcarve.virt.storage import BaseImage
 
 log = logging.getLogger(__name__)
+SLOT_TIMEOUT_S = 120.0  # how long a busy primary is asked again for a new standby's slot
 
 Readiness = Callable[[HostConfig, str, Progress, bool], Guest]
 """(host, guest name, progress, standby?) -> the guest once its PostgreSQL is ready for its role."""
@@ -309,12 +310,29 @@ class Provisioner:
         replays in recovery."""
         if primary.address is None:
             raise GuestNotReady(f"{primary.name} has no address to clone a standby from")
-        with self.fleet.connect(primary) as conn:
-            replication.create_slot(conn, slot_name(name))
+        self.make_slot(primary, name)
         self.start_standby(primary, host, name, number, progress)
         guest = self.ready(host, name, progress, True)
         progress(name, "standby replaying", 1.0)
         return guest
+
+    def make_slot(self, primary: Guest, standby: str, timeout_s: float = SLOT_TIMEOUT_S) -> None:
+        """Standby `standby`'s replication slot on `primary`, asked again while the primary is
+        too busy to answer (under emulation, booting guests and clones beside it can hold a
+        connection past its timeout). Making the slot twice is harmless: it is made if missing."""
+        deadline = time.monotonic() + timeout_s
+        while True:
+            try:
+                with self.fleet.connect(primary) as conn:
+                    replication.create_slot(conn, slot_name(standby))
+                return
+            except psycopg.OperationalError as exc:
+                if time.monotonic() > deadline:
+                    raise GuestNotReady(f"{primary.name} did not answer for {timeout_s:.0f} s to make the "
+                                        f"replication slot of {standby} (last: {first_line(exc)})") from exc
+                log.info("%s: not answering yet to make %s's slot (%s); asking again", primary.name, standby,
+                         first_line(exc))
+                time.sleep(1)
 
     def start_standby(self, primary: Guest, host: HostConfig, name: str, number: int,
                       progress: Progress = no_progress) -> None:
@@ -337,8 +355,7 @@ class Provisioner:
                         seeded_address, primary.name, primary.address)
             remove_guest(self.fleet, self.fleet.hosts[host.name].guest(name))
             return self.create_standby(primary, host, name, number, progress)
-        with self.fleet.connect(primary) as conn:
-            replication.create_slot(conn, slot_name(name))
+        self.make_slot(primary, name)
         guest = self.ready(host, name, progress, True)
         progress(name, "standby replaying", 1.0)
         return guest
@@ -369,8 +386,7 @@ class Provisioner:
         self.fleet.planned_stops.will_stop(guest.name)
         lv.stop(guest.name)
         progress(guest.name, f"rejoining as a standby of {primary.name} (rewind)", 0.2)
-        with self.fleet.connect(primary) as conn:
-            replication.create_slot(conn, slot_name(guest.name))
+        self.make_slot(primary, guest.name)
         self.write_seed(host, guest.name, self.standby_seed(guest.name, primary, rejoin=True))
         # Metadata last: until now it still said primary, so a restart never started it as a standby
         # with its old seed, nor as a primary (the recorded primary is another guest).
