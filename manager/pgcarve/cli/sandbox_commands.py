@@ -70,9 +70,11 @@ def cmd_exec(args: argparse.Namespace, settings: Settings) -> int:
 def cmd_publish(args: argparse.Namespace, settings: Settings) -> int:
     """Offer the manager namespace's API on this machine's 127.0.0.1 (one forward)."""
     sandbox = Sandbox(settings.paths.sandbox_dir)
-    if sandbox.transport != "ssh" or not sandbox.is_up():
+    if sandbox.transport != "ssh":
         out.print("sandbox: nothing to publish: the manager runs on this machine (transport unix)")
         return 0
+    if not sandbox.is_up():
+        raise PgcarveError("the sandbox is down: start it with `pgcarve sandbox up --transport ssh`")
     target = f"127.0.0.1:{args.target_port or args.port}"
     sandbox.forwards.publish("api", str(sandbox.manager.netns_path), target, args.port)
     out.print(f"sandbox: 127.0.0.1:{args.port} here reaches {target} in {sandbox.manager.netns}")

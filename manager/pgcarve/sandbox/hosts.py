@@ -236,7 +236,7 @@ class Sandbox:
         self.directory.mkdir(parents=True, exist_ok=True)
         (self.directory / "transport").write_text(transport + "\n")
         if transport == "ssh":
-            self.manager.write_client_files({})  # the client key, which each host lets in
+            self.manager.ensure_key()
         for index in range(hosts):
             self._host_up(self.host(index), hosts, progress)
         if transport == "ssh":

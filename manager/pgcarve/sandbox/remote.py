@@ -73,10 +73,14 @@ class ManagerSide:
     def host_uri(self, address: str) -> str:
         return f"qemu+ssh://root@{address}/system?keyfile={self.key}"
 
+    def ensure_key(self) -> None:
+        """The manager's client key, which each host lets in (made once)."""
+        ssh_keygen(self.key, "pgcarve-sandbox-manager")
+
     def write_client_files(self, host_keys: dict[str, str]) -> None:
         """The client key, and /etc/ssh for the namespace: known hosts (address -> host key)
         and a client configuration that refuses any host not in them."""
-        ssh_keygen(self.key, "pgcarve-sandbox-manager")
+        self.ensure_key()
         self.etc_ssh.mkdir(parents=True, exist_ok=True, mode=0o755)
         (self.etc_ssh / "ssh_known_hosts").write_text(
             "".join(f"{address} {key}\n" for address, key in sorted(host_keys.items())))
