@@ -108,16 +108,17 @@ def instance_breakdown(fleet: Fleet, rec: StepRecorder, index: int, t0: float, s
     }
     ready = p_sql
     if standbys:
-        # The standbys start once the primary has an address and boot while it does
-        # (control/provisioning.py); they clone once it accepts SQL.
+        # The standbys start as soon as the primary's address is known (reserved before it boots,
+        # or else its first DHCP lease) and boot while it does (control/provisioning.py); they
+        # stream (or clone) once it accepts SQL.
         snames = [f"{name}-s{s}" for s in range(1, standbys + 1)]
         p_address = at(name, "booting at")
         s_started = max(at(s, "booting", "waiting for PostgreSQL", "standby replaying") for s in snames)
         ready = at(name, "ready")
-        seg["primary_boot_to_address"] = p_address - p_started
-        seg["standby_disk_seed_define_start"] = s_started - p_address
+        seg["primary_start_to_known_address"] = max(0.0, p_address - p_started)
+        seg["standby_disk_seed_define_start"] = s_started - max(p_address, p_started)
         seg["primary_rest_of_boot_to_sql"] = p_sql - s_started
-        seg["standby_clone_to_streaming"] = ready - p_sql
+        seg["standby_streaming_after_primary_sql"] = ready - p_sql
     else:
         seg["primary_boot_to_sql"] = p_sql - p_started
     control = seg["queue_and_plan"] + seg["primary_disk_seed_define_start"] + seg.get(

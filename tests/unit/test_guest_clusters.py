@@ -355,10 +355,15 @@ def test_usage(script: ModuleType) -> None:
 def test_systemd_runs_it_around_the_main_cluster() -> None:
     system = ROOTFS / "etc" / "systemd" / "system"
     dropin = (system / "pgcarve-guest-setup.service.d" / "50-pgcarve-clusters.conf").read_text()
-    assert "ExecStartPost=/usr/bin/python3 /usr/local/sbin/pgcarve-clusters before-start" in dropin
+    assert ("ExecStartPost=/bin/sh -c 'grep -qs clusters /etc/pgcarve/instance.json || exit 0; "
+            "exec /usr/bin/python3 /usr/local/sbin/pgcarve-clusters before-start'") in dropin
     assert "Wants=pgcarve-clusters.service" in dropin
     unit = (system / "pgcarve-clusters.service").read_text()
     assert "ExecStart=/usr/bin/python3 /usr/local/sbin/pgcarve-clusters after-start" in unit
+    # A one-cluster seed never says "clusters" (guest/seed.py), and only such seeds skip it.
+    assert "ExecCondition=/bin/grep -qs clusters /etc/pgcarve/instance.json" in unit
+    one, three = (json.dumps(guest_seed(clusters=n).instance_json(), indent=2, sort_keys=True) for n in (1, 3))
+    assert "clusters" not in one and '"clusters": 3' in three
     after = next(line for line in unit.splitlines() if line.startswith("After="))
     assert "postgresql@15-main.service" in after and "pgcarve-guest-passwords.service" in after
     finish = (ROOTFS / "usr" / "local" / "sbin" / "pgcarve-image-finish").read_text()

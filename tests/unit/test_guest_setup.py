@@ -66,6 +66,43 @@ def test_a_standby_clones_once(booted: dict[str, Any]) -> None:
     assert booted["calls"] == ["clone"]
 
 
+IMAGE_DATA = {"Database system identifier": "7400000000000000001", "Latest checkpoint location": "0/1527A98",
+              "Database cluster state": "shut down"}
+
+
+@pytest.mark.parametrize(("controldata", "copies"), [
+    (IMAGE_DATA, []),  # as built: streams from the new primary's first record, no copy
+    ({**IMAGE_DATA, "Latest checkpoint location": "0/3000060"}, ["clone"]),  # started since
+    ({**IMAGE_DATA, "Database cluster state": "in production"}, ["clone"]),  # not shut down
+    ({}, ["clone"]),  # no readable data directory
+])
+def test_a_standby_of_a_new_primary_starts_from_the_image_only_while_its_data_is_the_images(
+        booted: dict[str, Any], monkeypatch: pytest.MonkeyPatch, controldata: dict[str, str],
+        copies: list[str]) -> None:
+    setup = booted["module"]
+    setup.IMAGE_CHECKPOINT.parent.mkdir(parents=True)
+    setup.IMAGE_CHECKPOINT.write_text("7400000000000000001 0/1527A98\n")
+    monkeypatch.setattr(setup, "controldata", lambda: controldata)
+    monkeypatch.setattr(setup.os, "chown", lambda *args: None)
+    seed = guest_seed("pgc-01-s1", "standby", CIDRS, primary_host="10.77.0.12", from_image=True)
+    booted["boot"](seed, "pgc-01-s1-1")
+    booted["boot"](seed, "pgc-01-s1-1")  # a reboot: nothing again
+    assert booted["calls"] == copies
+    if not copies:
+        assert (setup.DATA_DIR / "standby.signal").exists()
+        settings = (setup.CONF_DIR / "conf.d" / "60-pgcarve-standby.conf").read_text()
+        assert "host=10.77.0.12 port=5432" in settings and "primary_slot_name = 'pgcarve_pgc_01_s1'" in settings
+
+
+def test_a_seed_asking_a_primary_to_start_from_the_image_is_refused() -> None:
+    from pgcarve.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="only a standby starts from the image"):
+        guest_seed("pgc-01", "primary", CIDRS, from_image=True)
+    with pytest.raises(ConfigError, match="neither rejoins nor makes its slot"):
+        guest_seed("pgc-01-s1", "standby", CIDRS, from_image=True, rejoin=True)
+
+
 def test_a_former_primary_rewinds_once_per_seed_and_never_clones_over_its_data(booted: dict[str, Any]) -> None:
     primary = guest_seed("pgc-01", "primary", CIDRS)
     booted["boot"](primary, "pgc-01-1")

@@ -1,5 +1,6 @@
 """The order in which Provisioner.create_instance builds an instance (control/provisioning.py):
-standbys boot while their primary does, and none can clone before the primary is complete."""
+standbys boot while their primary does, and none can stream or clone before the primary is
+complete."""
 
 from __future__ import annotations
 
@@ -15,7 +16,7 @@ from pgcarve.control import provisioning
 from pgcarve.control.fleet import Guest, Progress
 from pgcarve.control.provisioning import Provisioner
 from pgcarve.settings import Paths
-from pgcarve.virt.domain_xml import InstanceMetadata
+from pgcarve.virt.domain_xml import InstanceMetadata, mac_for
 from pgcarve.virt.host import GuestInfo
 
 from bench import simulated_hosts
@@ -32,15 +33,23 @@ class Recorder(Provisioner):
     """The real orchestration; every step that would touch libvirt or a guest is written down."""
 
     def __init__(self, events: list[str], early_address: str = "10.77.0.5", answering_address: str = "10.77.0.5",
-                 old_lease: str | None = None):
+                 old_lease: str | None = None, reserved: str | None = None, standby_image: str = "base-1"):
         self.events = events
         self.early_address, self.answering_address = early_address, answering_address
+
+        def reserve(network: str, mac: str) -> str | None:
+            self.events.append(f"reserve {mac}" if reserved else "no reservation")
+            return reserved
+
         hosts = {name: SimpleNamespace(mark_complete=lambda n, h=name: self.events.append(f"complete {n}"),
                                        guest=lambda n, h=name: _info(n, h),
-                                       guest_address=lambda n, network, mac: old_lease)
+                                       guest_address=lambda n, network, mac: old_lease,
+                                       reserve_address=reserve)
                  for name in ("h0", "h1", "h2")}
+        images = {"h0": "base-1", "h1": standby_image, "h2": standby_image}
         fleet = SimpleNamespace(
             config=SimpleNamespace(fleet="pgc", replication=None),
+            images=SimpleNamespace(on=lambda host: SimpleNamespace(disk=images[host])),
             placement=SimpleNamespace(hosts_for=lambda index: (
                 HostConfig(name="h0", uri="test:///default"),
                 [HostConfig(name="h1", uri="test:///default"), HostConfig(name="h2", uri="test:///default")])),
@@ -60,8 +69,8 @@ class Recorder(Provisioner):
     def primary_seed(self, name: str, record: Any) -> Any:
         return name
 
-    def standby_seed(self, name: str, primary: Guest, rejoin: bool = False) -> Any:
-        return f"{name} clones from {primary.address}"
+    def standby_seed(self, name: str, primary: Guest, rejoin: bool = False, from_image: bool = False) -> Any:
+        return f"{name} {'streams' if from_image else 'clones'} from {primary.address}"
 
     def create_guest(self, host: HostConfig, name: str, meta: InstanceMetadata, seed: Any,
                      progress: Progress) -> None:
@@ -96,12 +105,34 @@ def events(monkeypatch: pytest.MonkeyPatch) -> list[str]:
     return happened
 
 
-def test_standbys_start_before_the_primary_answers_and_clone_after_it_is_complete(events: list[str]) -> None:
-    Recorder(events).create_instance(1)
-    assert events[:4] == ["start pgc-01", "address pgc-01",
-                          "start pgc-01-s1 (pgc-01-s1 clones from 10.77.0.5)",
-                          "start pgc-01-s2 (pgc-01-s2 clones from 10.77.0.5)"]
+def test_standbys_start_with_their_primary_at_its_reserved_address_and_stream_after_it_is_complete(
+        events: list[str]) -> None:
+    """The primary's address is reserved before it starts: its standbys start at once, from the
+    image's data directory (same image on every host), and wait for nothing but the primary."""
+    Recorder(events, reserved="10.77.0.5").create_instance(1)
+    assert events[:4] == [f"reserve {mac_for('pgc', 'pgc-01')}", "start pgc-01",
+                          "start pgc-01-s1 (pgc-01-s1 streams from 10.77.0.5)",
+                          "start pgc-01-s2 (pgc-01-s2 streams from 10.77.0.5)"]
     assert events[4:6] == ["ready pgc-01", "complete pgc-01"]
+    # Slots (what lets a standby stream) only once the primary has lost its "creating" mark.
+    for n in (1, 2):
+        assert events.index("complete pgc-01") < events.index(f"slot pgcarve_pgc_01_s{n}") \
+            < events.index(f"ready pgc-01-s{n}")
+    assert events[-3:] == ["streaming", "complete pgc-01-s1", "complete pgc-01-s2"]
+
+
+def test_a_standby_host_with_another_image_version_clones_instead(events: list[str]) -> None:
+    Recorder(events, reserved="10.77.0.5", standby_image="base-2").create_instance(1)
+    assert "start pgc-01-s1 (pgc-01-s1 clones from 10.77.0.5)" in events
+
+
+def test_without_a_reservation_standbys_start_once_the_primary_has_an_address(events: list[str]) -> None:
+    """A network that cannot hold a fixed address: the standbys wait for the primary's lease."""
+    Recorder(events).create_instance(1)
+    assert events[:5] == ["no reservation", "start pgc-01", "address pgc-01",
+                          "start pgc-01-s1 (pgc-01-s1 streams from 10.77.0.5)",
+                          "start pgc-01-s2 (pgc-01-s2 streams from 10.77.0.5)"]
+    assert events[5:7] == ["ready pgc-01", "complete pgc-01"]
     # Slots (what lets a standby clone) only once the primary has lost its "creating" mark.
     for n in (1, 2):
         assert events.index("complete pgc-01") < events.index(f"slot pgcarve_pgc_01_s{n}") \
@@ -113,14 +144,15 @@ def test_a_standby_seeded_with_a_stale_address_is_built_again(monkeypatch: pytes
                                                               events: list[str]) -> None:
     """The primary showed an old lease of its MAC first: the standbys' seeds named it, so they
     are built again, the ordinary way, for the address the primary answers at."""
-    rec = Recorder(events, early_address="10.77.0.4", answering_address="10.77.0.5")
+    rec = Recorder(events, reserved="10.77.0.4", answering_address="10.77.0.5")
     removed: list[str] = []
     monkeypatch.setattr(provisioning, "remove_guest", lambda fleet, info: removed.append(info.name))
+    rec.fleet.config.host = lambda name: HostConfig(name=name, uri="test:///default")  # type: ignore[attr-defined]
     rec.create_instance(1)
     assert sorted(removed) == ["pgc-01-s1", "pgc-01-s2"]
     rebuilt = [e for e in events if e.startswith("start pgc-01-s")][2:]
-    assert sorted(rebuilt) == ["start pgc-01-s1 (pgc-01-s1 clones from 10.77.0.5)",
-                               "start pgc-01-s2 (pgc-01-s2 clones from 10.77.0.5)"]
+    assert sorted(rebuilt) == ["start pgc-01-s1 (pgc-01-s1 streams from 10.77.0.5)",
+                               "start pgc-01-s2 (pgc-01-s2 streams from 10.77.0.5)"]
 
 
 def test_a_name_with_an_old_lease_builds_its_standbys_once_the_primary_answers(events: list[str]) -> None:
@@ -128,10 +160,10 @@ def test_a_name_with_an_old_lease_builds_its_standbys_once_the_primary_answers(e
     not be the new guest's, so the standbys are made the ordinary way, after the primary answers."""
     Recorder(events, old_lease="10.77.0.4").create_instance(1)
     assert "address pgc-01" not in events
-    assert events[:3] == ["start pgc-01", "ready pgc-01", "complete pgc-01"]
+    assert events[:4] == ["no reservation", "start pgc-01", "ready pgc-01", "complete pgc-01"]
     for n in (1, 2):
         assert events.index(f"slot pgcarve_pgc_01_s{n}") < events.index(
-            f"start pgc-01-s{n} (pgc-01-s{n} clones from 10.77.0.5)") < events.index(f"ready pgc-01-s{n}")
+            f"start pgc-01-s{n} (pgc-01-s{n} streams from 10.77.0.5)") < events.index(f"ready pgc-01-s{n}")
 
 
 def test_every_guest_of_a_multi_cluster_instance_is_told_how_many_clusters(tmp_path: Path) -> None:

@@ -79,9 +79,9 @@ class NetworkChecks:
             subnet, first, last = lv.dhcp_range(name)
         except ConfigError:
             return [Finding(host.name, "network", "fail", (
-                f"network {name} on {host.name} has no IPv4 DHCP range: guests take their addresses from it (and "
-                "Terraform reserves them from its end); add <dhcp><range start=... end=.../></dhcp> to its IPv4 "
-                f"<ip> (`virsh net-edit {name}`)"))]
+                f"network {name} on {host.name} has no IPv4 DHCP range: guests take their addresses from it "
+                "(new primaries and Terraform's guests have theirs reserved from its end); add "
+                f"<dhcp><range start=... end=.../></dhcp> to its IPv4 <ip> (`virsh net-edit {name}`)"))]
         findings = [self._dhcp(host, subnet, first, last, planned)]
         # Guests are reached from elsewhere when they replicate, or when the manager is not on their host.
         remote = urlsplit(host.uri).hostname not in (None, "", "localhost")

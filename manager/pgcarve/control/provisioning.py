@@ -5,9 +5,12 @@ slot, marked "creating" in its libvirt metadata until its whole instance is buil
 killed half-way knows what it never finished: control/removal.py). A seed carries the guest's
 certificate from the fleet CA and its instance's own passwords (made with the primary's seed).
 
-The standbys boot while their primary does: they start as soon as the primary has an address,
-which their seed names. Each clones itself (its guest retries pg_basebackup) once the primary
-accepts SQL, holds the standby's slot and lets its address in (control/access.py).
+The standbys of a new instance boot while their primary does: the primary's address is reserved
+on its host's network before it starts (virt/dhcp.py), so they start with it, their seeds naming
+it. Their data directory is the image's, the very one the new primary starts from, so none is
+copied: each streams from the primary's first WAL record once the primary accepts SQL, holds the
+standby's slot and lets its address in (control/access.py). A standby added to an instance that
+already has data clones it (its guest retries pg_basebackup until the primary lets it in).
 """
 
 from __future__ import annotations
@@ -105,13 +108,15 @@ class Provisioner:
         return self.seed(name, name, "primary", self.fleet.secrets.load_or_create(name),
                          names_for(record) if record is not None else "")
 
-    def standby_seed(self, name: str, primary: Guest, rejoin: bool = False) -> GuestSeed:
-        """The seed of a standby of `primary`; `rejoin`: its disk holds a former primary to rewind."""
+    def standby_seed(self, name: str, primary: Guest, rejoin: bool = False, from_image: bool = False) -> GuestSeed:
+        """The seed of a standby of `primary`; `rejoin`: its disk holds a former primary to rewind;
+        `from_image`: the primary is new, made from the same image, so the standby streams from
+        its image's own data directory instead of cloning."""
         if primary.address is None:
             raise GuestNotReady(f"{primary.name} has no address for {name} to replicate from")
         instance = primary.info.metadata.cluster
-        return self.seed(name, instance, "standby", self.fleet.instance_secrets(instance),
-                         primary_host=primary.address, rejoin=rejoin)
+        return replace(self.seed(name, instance, "standby", self.fleet.instance_secrets(instance),
+                                 primary_host=primary.address, rejoin=rejoin), from_image=from_image)
 
     def write_seed(self, host: HostConfig, name: str, seed: GuestSeed) -> None:
         """Upload the guest's NoCloud seed volume (read at its next boot)."""
@@ -237,19 +242,25 @@ class Provisioner:
         record = initial_record(name, name, primary_host.name, standby_names, self.fleet.config.replication)
         if record is not None:
             self.fleet.sync_records.put(record)
-        self.create_guest(primary_host, name, meta, self.primary_seed(name, record), progress)
         standbys = list(enumerate(zip(standby_names, standby_hosts, strict=True), start=1))
+        reserved = self.reserve_address(primary_host, name) if standbys else None
+        self.create_guest(primary_host, name, meta, self.primary_seed(name, record), progress)
         booting: dict[str, str] = {}  # standby -> the primary address its seed names
-        # A name used before (purged, discarded) may still have its old DHCP lease listed, and the
-        # new guest may get another address: then the standbys wait until the primary answers
-        # at its own address, as they would have to be built again otherwise.
-        reused = bool(standbys) and self.fleet.hosts[primary_host.name].guest_address(
-            name, primary_host.network, mac_for(fleet_name, name)) is not None
-        if standbys and not reused:
-            # The standbys boot while the primary does; they clone once it answers (below).
+        if reserved is not None:
+            addressed: Guest | None = Guest(info=self.fleet.hosts[primary_host.name].guest(name), address=reserved,
+                                            endpoint=None)
+            progress(name, f"booting at {reserved} (reserved); its standbys start", 0.25)
+        elif standbys and self.fleet.hosts[primary_host.name].guest_address(
+                name, primary_host.network, mac_for(fleet_name, name)) is None:
             addressed = self.wait_address(primary_host, name, progress)
-            for number, (sname, host) in standbys:
-                self.start_standby(addressed, host, sname, number, progress)
+        else:
+            # A name used before (purged, discarded) may still have its old DHCP lease listed, and
+            # the new guest may get another address: then the standbys wait until the primary
+            # answers at its own address, as they would have to be built again otherwise.
+            addressed = None
+        for number, (sname, host) in standbys:
+            if addressed is not None:  # they boot while the primary does, and stream once it answers
+                self.start_standby(addressed, host, sname, number, progress, self.same_image(primary_host, host))
                 booting[sname] = str(addressed.address)
         primary = self.ready(primary_host, name, progress, False)
         self.fleet.hosts[primary_host.name].mark_complete(name)
@@ -259,7 +270,8 @@ class Provisioner:
             return self.fleet.instance(name)
         with ThreadPoolExecutor(max_workers=len(standby_names)) as pool:
             futures = {sname: pool.submit(self.finish_standby, primary, host, sname, number, booting[sname], progress)
-                       if sname in booting else pool.submit(self.create_standby, primary, host, sname, number, progress)
+                       if sname in booting else pool.submit(self.create_standby, primary, host, sname, number, progress,
+                                                            self.same_image(primary_host, host))
                        for number, (sname, host) in standbys}
             for sname, future in futures.items():
                 future.result()
@@ -304,14 +316,15 @@ class Provisioner:
                   "the HA loop builds its missing standbys", name, exc, primary.name)
 
     def create_standby(self, primary: Guest, host: HostConfig, name: str, number: int,
-                       progress: Progress = no_progress) -> Guest:
+                       progress: Progress = no_progress, from_image: bool = False) -> Guest:
         """A new standby guest `name` on `host` for a primary that answers: cloned
-        (pg_basebackup) from `primary` through a physical slot of its own; returns once it
-        replays in recovery."""
+        (pg_basebackup) from `primary` through a physical slot of its own (or, `from_image`, for
+        a primary just made from the same image: streaming from its first record); returns once
+        it replays in recovery."""
         if primary.address is None:
             raise GuestNotReady(f"{primary.name} has no address to clone a standby from")
         self.make_slot(primary, name)
-        self.start_standby(primary, host, name, number, progress)
+        self.start_standby(primary, host, name, number, progress, from_image)
         guest = self.ready(host, name, progress, True)
         progress(name, "standby replaying", 1.0)
         return guest
@@ -335,14 +348,29 @@ class Provisioner:
                 time.sleep(1)
 
     def start_standby(self, primary: Guest, host: HostConfig, name: str, number: int,
-                      progress: Progress = no_progress) -> None:
+                      progress: Progress = no_progress, from_image: bool = False) -> None:
         """Disk, seed and domain of standby `name`, started: its seed names `primary`'s address,
-        which need not answer yet (the guest retries its clone until it can)."""
+        which need not answer yet (the guest retries until it can)."""
         meta = primary.info.metadata
         smeta = InstanceMetadata(fleet=meta.fleet, cluster=meta.cluster, role="standby", index=meta.index,
                                  standby=number)
-        self.create_guest(host, name, smeta, self.standby_seed(name, primary), progress)
-        progress(name, f"booting; clones once {primary.name} answers", 0.25)
+        self.create_guest(host, name, smeta, self.standby_seed(name, primary, from_image=from_image), progress)
+        progress(name, f"booting; {'streams' if from_image else 'clones'} once {primary.name} answers", 0.25)
+
+    def same_image(self, primary_host: HostConfig, standby_host: HostConfig) -> bool:
+        """Whether a standby on `standby_host` boots the very image a new primary on
+        `primary_host` does (then it can start from its own copy of the image's data directory)."""
+        return self.fleet.images.on(primary_host.name).disk == self.fleet.images.on(standby_host.name).disk
+
+    def reserve_address(self, host: HostConfig, name: str) -> str | None:
+        """A fixed address for new guest `name` on its host's network, before it boots; None
+        (the guest takes whatever DHCP gives) when the network cannot hold one."""
+        try:
+            return self.fleet.hosts[host.name].reserve_address(host.network, mac_for(self.fleet.config.fleet, name))
+        except PgcarveError as exc:
+            log.warning("%s: no fixed address on network %s of %s (%s); its standbys start once it has one",
+                        name, host.network, host.name, exc)
+            return None
 
     def finish_standby(self, primary: Guest, host: HostConfig, name: str, number: int, seeded_address: str,
                        progress: Progress = no_progress) -> Guest:
@@ -354,7 +382,8 @@ class Provisioner:
             log.warning("%s: its seed named %s for %s, which answers at %s: building it again", name,
                         seeded_address, primary.name, primary.address)
             remove_guest(self.fleet, self.fleet.hosts[host.name].guest(name))
-            return self.create_standby(primary, host, name, number, progress)
+            return self.create_standby(primary, host, name, number, progress, self.same_image(
+                self.fleet.config.host(primary.info.host), host))
         self.make_slot(primary, name)
         guest = self.ready(host, name, progress, True)
         progress(name, "standby replaying", 1.0)

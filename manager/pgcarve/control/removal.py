@@ -9,6 +9,7 @@ from pgcarve.control.fleet import Fleet, Instance
 from pgcarve.control.retired import retired_instances
 from pgcarve.errors import PgcarveError
 from pgcarve.naming import disk_volume, instance_name, seed_volume, standby_name, volume_owner
+from pgcarve.virt.domain_xml import mac_for
 from pgcarve.virt.host import GuestInfo
 
 log = logging.getLogger(__name__)
@@ -21,7 +22,17 @@ def remove_guest(fleet: Fleet, info: GuestInfo) -> None:
     lv.destroy(info.name)
     for volume in (disk_volume(info.name), seed_volume(info.name)):
         lv.storage.delete_volume(volume)
+    release_address(fleet, info.host, info.name)
     fleet.forwards.remove(info.name)
+
+
+def release_address(fleet: Fleet, host: str, name: str) -> None:
+    """Drop guest `name`'s fixed address on `host`'s network, if it has one (virt/dhcp.py). A
+    failure only leaves an address reserved for a name that may come back: logged, not raised."""
+    try:
+        fleet.hosts[host].release_address(fleet.config.host(host).network, mac_for(fleet.config.fleet, name))
+    except PgcarveError as exc:
+        log.warning("%s: its fixed address on %s stays reserved (%s)", name, host, exc)
 
 
 def remove_instance(fleet: Fleet, instance: Instance) -> None:
@@ -47,6 +58,7 @@ def discard_instance(fleet: Fleet, index: int) -> None:
             for volume in (disk_volume(name), seed_volume(name)):
                 with contextlib.suppress(PgcarveError):
                     host.storage.delete_volume(volume)
+            release_address(fleet, host.name, name)
             fleet.forwards.remove(name)
     fleet.sync_records.remove(instance_name(fleet_name, index))
     fleet.secrets.remove(instance_name(fleet_name, index))

@@ -78,6 +78,9 @@ class GuestSeed:
     # and, for a standby, that it makes its own replication slot as it clones (pg_basebackup -C).
     replication_peers: tuple[str, ...] = ()
     create_slot: bool = False
+    # A standby of a primary made at the same time from the same image: its own data directory
+    # (the image's, untouched) is where the primary starts from, so it streams without a copy.
+    from_image: bool = False
 
     def __post_init__(self) -> None:
         if not INSTANCE_NAME_RE.fullmatch(self.name):
@@ -95,6 +98,10 @@ class GuestSeed:
             raise ConfigError(f"{self.name}: only a standby can rejoin its instance")
         elif self.create_slot:
             raise ConfigError(f"{self.name}: only a standby makes its own replication slot")
+        elif self.from_image:
+            raise ConfigError(f"{self.name}: only a standby starts from the image's data directory")
+        if self.from_image and (self.rejoin or self.create_slot):
+            raise ConfigError(f"{self.name}: a standby starting from the image neither rejoins nor makes its slot")
         for address in self.replication_peers:
             check_address(address)
         if not 1 <= self.clusters <= MAX_CLUSTERS:
@@ -137,6 +144,8 @@ class GuestSeed:
             doc["rejoin"] = self.rejoin
             if self.create_slot:
                 doc["create_slot"] = True
+            if self.from_image:
+                doc["from_image"] = True
         return doc
 
     def meta_data(self, instance_id: str) -> str:

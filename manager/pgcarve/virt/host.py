@@ -20,6 +20,7 @@ import libvirt
 
 from pgcarve.errors import ConfigError, HostUnreachable, LibvirtFailure, NotFound
 from pgcarve.planning.topology import HostTopology, parse_capabilities
+from pgcarve.virt.dhcp import DhcpSection, host_entry
 from pgcarve.virt.domain_xml import (
     CREATING_NS,
     METADATA_NS,
@@ -70,6 +71,7 @@ class LibvirtHost:
         self.uri = uri
         self._conn: libvirt.virConnect | None = None
         self._lock = threading.Lock()
+        self._reserving = threading.Lock()  # two new primaries must not pick the same free address
         self.storage = HostStorage(self, pool, pool_path)
 
     # -- connection -------------------------------------------------------------------------
@@ -296,6 +298,44 @@ class LibvirtHost:
         words = {libvirt.VIR_DOMAIN_DISK_ERROR_NO_SPACE: "no space left",
                  libvirt.VIR_DOMAIN_DISK_ERROR_UNSPEC: "I/O error"}
         return {dev: words[code] for dev, code in errors.items() if code in words}
+
+    def reserve_address(self, network: str, mac: str) -> str | None:
+        """A fixed DHCP address for `mac` on `network` (live and persistent, see virt/dhcp.py):
+        the one it has if it has one, else a free one; None when the network has no DHCP range
+        or no free address in it."""
+        flags = libvirt.VIR_NETWORK_UPDATE_AFFECT_LIVE | libvirt.VIR_NETWORK_UPDATE_AFFECT_CONFIG
+        with self._reserving, self.translate(f"reserving an address on network {network}"):
+            net = self.conn.networkLookupByName(network)
+            section = DhcpSection.parse(net.XMLDesc(0))
+            if section is None:
+                return None
+            if mac.lower() in section.hosts:
+                return section.hosts[mac.lower()]
+            address = section.choose(self._leased(net))
+            if address is not None:
+                net.update(libvirt.VIR_NETWORK_UPDATE_COMMAND_ADD_LAST, libvirt.VIR_NETWORK_SECTION_IP_DHCP_HOST,
+                           -1, host_entry(mac, address), flags)
+            return address
+
+    @staticmethod
+    def _leased(net: libvirt.virNetwork) -> set[str]:
+        """Addresses the network's dnsmasq has handed out (none known: a driver without leases)."""
+        try:
+            return {str(lease["ipaddr"]) for lease in net.DHCPLeases() if lease.get("ipaddr")}
+        except libvirt.libvirtError:
+            return set()
+
+    def release_address(self, network: str, mac: str) -> None:
+        """Drop `mac`'s fixed address on `network`, if it has one (its guest is gone for good)."""
+        flags = libvirt.VIR_NETWORK_UPDATE_AFFECT_LIVE | libvirt.VIR_NETWORK_UPDATE_AFFECT_CONFIG
+        with self._reserving, self.translate(f"releasing {mac}'s address on network {network}"):
+            net = self.conn.networkLookupByName(network)
+            section = DhcpSection.parse(net.XMLDesc(0))
+            if section is not None and mac.lower() in section.hosts:
+                if not net.isActive():
+                    flags = libvirt.VIR_NETWORK_UPDATE_AFFECT_CONFIG
+                net.update(libvirt.VIR_NETWORK_UPDATE_COMMAND_DELETE, libvirt.VIR_NETWORK_SECTION_IP_DHCP_HOST,
+                           -1, host_entry(mac), flags)
 
     def guest_address(self, name: str, network: str, mac: str | None) -> str | None:
         """The guest's IPv4 address from the libvirt network's DHCP leases, if it has one yet.
