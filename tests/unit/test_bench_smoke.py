@@ -155,3 +155,19 @@ def test_the_experiments_symptom_needs_all_three_signs() -> None:
     assert load.symptom({"sessions": 0, "shares": {}}, None)["shows"] is None
     assert load.mean_cpu([None, {"user": 0.2, "system": 0.4, "idle": 0.4}, {"user": 0.4, "system": 0.2, "idle": 0.4}]
                          ) == {"user": 0.3, "system": 0.3, "idle": 0.4}
+
+
+def test_the_scale_out_summary_holds_the_target_and_the_run_before_a_change(tmp_path: Path) -> None:
+    import json
+
+    from bench.summary import _scale_out_before_after
+
+    def doc(*ready: float) -> dict[str, object]:
+        return {"started_at": "then", "code": "main at abc1234",
+                "steps": [{"added": 1, "from": k, "to": k + 1, "all_ready_s": r} for k, r in enumerate(ready)]}
+
+    assert "NOT met" in _scale_out_before_after(doc(65.0, 93.2), tmp_path / "none.json")[1]
+    (tmp_path / "before.json").write_text(json.dumps(doc(109.6, 140.8)))
+    lines = _scale_out_before_after(doc(58.0, 93.2), tmp_path / "before.json")
+    assert "(target under emulation ≤ 60 s: met)" in lines[1]
+    assert lines[3].endswith("main at abc1234): +1 (0→1) 109.6 s → 58.0 s, +1 (1→2) 140.8 s → 93.2 s.")
