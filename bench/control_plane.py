@@ -285,18 +285,17 @@ def measure_scaler_path(fleet: Fleet, instances: int) -> dict[str, Any]:
     # Real guests spend seconds booting, in parallel; here none boots, so each new guest's wait
     # for PostgreSQL stands in for a boot of MODELED_BOOT_S. Without that, +1 and +4 are tens of
     # milliseconds of Python under one lock (the GIL), and their ratio says nothing of parallelism.
-    scaler.provisioner = Provisioner(fleet, ready=boots_in(fleet, MODELED_BOOT_S))
-    modeled = {}
-    for label, target in (("plus_one_s", 1), ("plus_four_s", 5)):
-        t = time.perf_counter()
-        scaler.scale(target)
-        modeled[label] = time.perf_counter() - t
-    scaler.provisioner = Provisioner(fleet, ready=accepts_sql_at_once(fleet))
-    bare = {}
-    for label, target in (("plus_one_s", 6), ("plus_four_s", 10)):
-        t = time.perf_counter()
-        scaler.scale(target)
-        bare[label] = time.perf_counter() - t
+    def plus_one_then_four(ready: Readiness, start: int) -> dict[str, float]:
+        scaler.provisioner = Provisioner(fleet, ready=ready)
+        took = {}
+        for label, target in (("plus_one_s", start + 1), ("plus_four_s", start + 5)):
+            t = time.perf_counter()
+            scaler.scale(target)
+            took[label] = time.perf_counter() - t
+        return took
+
+    modeled = plus_one_then_four(boots_in(fleet, MODELED_BOOT_S), 0)  # 0 -> 1 -> 5
+    bare = plus_one_then_four(accepts_sql_at_once(fleet), 5)  # 5 -> 6 -> 10
     t = time.perf_counter()
     scaler.scale(instances)
     up_s = time.perf_counter() - t

@@ -1,4 +1,4 @@
-"""Fixed DHCP addresses on a libvirt network: which one a guest's MAC gets, chosen before it boots.
+"""A libvirt network's DHCP range, and fixed addresses in it, chosen for a guest's MAC before it boots.
 
 A new primary's address is reserved (a `<host mac=... ip=...>` entry in the network's DHCP
 section, which libvirt hands to its dnsmasq) so that its standbys can be started at the same time,
@@ -18,6 +18,7 @@ from dataclasses import dataclass
 class DhcpSection:
     """The IPv4 DHCP part of one libvirt network's XML."""
 
+    subnet: ipaddress.IPv4Network
     first: ipaddress.IPv4Address
     last: ipaddress.IPv4Address
     hosts: dict[str, str]  # MAC (lower case) -> reserved address
@@ -29,9 +30,11 @@ class DhcpSection:
             found = ip.find("dhcp/range")
             if ip.get("family", "ipv4") != "ipv4" or found is None:
                 continue
+            prefix = ip.get("prefix") or str(ipaddress.ip_network(f"0.0.0.0/{ip.get('netmask')}").prefixlen)
             hosts = {str(h.get("mac")).lower(): str(h.get("ip"))
                      for h in ip.findall("dhcp/host") if h.get("mac") and h.get("ip")}
-            return cls(ipaddress.IPv4Address(found.get("start")), ipaddress.IPv4Address(found.get("end")), hosts)
+            return cls(ipaddress.IPv4Network(f"{ip.get('address')}/{prefix}", strict=False),
+                       ipaddress.IPv4Address(found.get("start")), ipaddress.IPv4Address(found.get("end")), hosts)
         return None
 
     def choose(self, taken: set[str]) -> str | None:

@@ -9,7 +9,6 @@ restart. The host's storage pool is `storage` (virt/storage.py).
 from __future__ import annotations
 
 import contextlib
-import ipaddress
 import threading
 import time
 import xml.etree.ElementTree as ET
@@ -303,7 +302,6 @@ class LibvirtHost:
         """A fixed DHCP address for `mac` on `network` (live and persistent, see virt/dhcp.py):
         the one it has if it has one, else a free one; None when the network has no DHCP range
         or no free address in it."""
-        flags = libvirt.VIR_NETWORK_UPDATE_AFFECT_LIVE | libvirt.VIR_NETWORK_UPDATE_AFFECT_CONFIG
         with self._reserving, self.translate(f"reserving an address on network {network}"):
             net = self.conn.networkLookupByName(network)
             section = DhcpSection.parse(net.XMLDesc(0))
@@ -313,8 +311,7 @@ class LibvirtHost:
                 return section.hosts[mac.lower()]
             address = section.choose(self._leased(net))
             if address is not None:
-                net.update(libvirt.VIR_NETWORK_UPDATE_COMMAND_ADD_LAST, libvirt.VIR_NETWORK_SECTION_IP_DHCP_HOST,
-                           -1, host_entry(mac, address), flags)
+                self._update_dhcp_hosts(net, libvirt.VIR_NETWORK_UPDATE_COMMAND_ADD_LAST, host_entry(mac, address))
             return address
 
     @staticmethod
@@ -325,17 +322,21 @@ class LibvirtHost:
         except libvirt.libvirtError:
             return set()
 
+    @staticmethod
+    def _update_dhcp_hosts(net: libvirt.virNetwork, command: int, entry: str) -> None:
+        """Change the network's DHCP host entries persistently, and live when it runs."""
+        flags = libvirt.VIR_NETWORK_UPDATE_AFFECT_CONFIG
+        if net.isActive():
+            flags |= libvirt.VIR_NETWORK_UPDATE_AFFECT_LIVE
+        net.update(command, libvirt.VIR_NETWORK_SECTION_IP_DHCP_HOST, -1, entry, flags)
+
     def release_address(self, network: str, mac: str) -> None:
         """Drop `mac`'s fixed address on `network`, if it has one (its guest is gone for good)."""
-        flags = libvirt.VIR_NETWORK_UPDATE_AFFECT_LIVE | libvirt.VIR_NETWORK_UPDATE_AFFECT_CONFIG
         with self._reserving, self.translate(f"releasing {mac}'s address on network {network}"):
             net = self.conn.networkLookupByName(network)
             section = DhcpSection.parse(net.XMLDesc(0))
             if section is not None and mac.lower() in section.hosts:
-                if not net.isActive():
-                    flags = libvirt.VIR_NETWORK_UPDATE_AFFECT_CONFIG
-                net.update(libvirt.VIR_NETWORK_UPDATE_COMMAND_DELETE, libvirt.VIR_NETWORK_SECTION_IP_DHCP_HOST,
-                           -1, host_entry(mac), flags)
+                self._update_dhcp_hosts(net, libvirt.VIR_NETWORK_UPDATE_COMMAND_DELETE, host_entry(mac))
 
     def guest_address(self, name: str, network: str, mac: str | None) -> str | None:
         """The guest's IPv4 address from the libvirt network's DHCP leases, if it has one yet.
@@ -383,20 +384,15 @@ class LibvirtHost:
         libvirt defines it; ConfigError when the network has no IPv4 DHCP range."""
         with self.translate(f"reading network {network}"):
             try:
-                root = ET.fromstring(self.conn.networkLookupByName(network).XMLDesc(0))
+                section = DhcpSection.parse(self.conn.networkLookupByName(network).XMLDesc(0))
             except libvirt.libvirtError as exc:
                 if exc.get_error_code() == libvirt.VIR_ERR_NO_NETWORK:
                     raise ConfigError(f"host {self.name} has no libvirt network {network!r}") from None
                 raise
-        for ip in root.findall("ip"):
-            found = ip.find("dhcp/range")
-            if ip.get("family", "ipv4") != "ipv4" or found is None:
-                continue
-            prefix = ip.get("prefix") or str(ipaddress.ip_network(f"0.0.0.0/{ip.get('netmask')}").prefixlen)
-            subnet = ipaddress.ip_network(f"{ip.get('address')}/{prefix}", strict=False)
-            return str(subnet), str(found.get("start")), str(found.get("end"))
-        raise ConfigError(f"network {network} on host {self.name} has no IPv4 DHCP range: pgcarve's guests "
-                          "take their addresses from it")
+        if section is None:
+            raise ConfigError(f"network {network} on host {self.name} has no IPv4 DHCP range: pgcarve's guests "
+                              "take their addresses from it")
+        return str(section.subnet), str(section.first), str(section.last)
 
     # -- the sandbox's networks ------------------------------------------------------------
 
