@@ -26,7 +26,7 @@ from pgcarve.control.service import ManagerService
 from pgcarve.errors import ConfigError, NotFound
 from pgcarve.guest.credentials import InstanceSecretStore
 from pgcarve.postgres import conninfo, hba
-from pgcarve.postgres.session import ClientTls
+from pgcarve.postgres.session import DEAD_SERVER_PARAMS, ClientTls
 from pgcarve.sandbox.forward import Forward, ForwardRegistry
 from pgcarve.settings import Paths, Settings
 from psycopg.conninfo import conninfo_to_dict
@@ -63,11 +63,12 @@ def test_endpoint_uris_list_every_host_and_verify_the_server() -> None:
     uris = application_uris(HOSTS, TLS)
     assert uris.rw == ("postgresql://app@127.0.0.1:41001,127.0.0.1:41002,127.0.0.1:41003/app"
                        "?target_session_attrs=read-write&connect_timeout=10"
+                       "&keepalives=1&keepalives_idle=10&keepalives_interval=5&keepalives_count=3&tcp_user_timeout=30000"
                        "&sslmode=verify-ca&sslrootcert=/var/lib/pgcarve/tls/ca.pem")
     parsed = conninfo_to_dict(uris.ro)  # what libpq itself reads from it
     assert parsed == {"user": "app", "host": "127.0.0.1,127.0.0.1,127.0.0.1", "port": "41001,41002,41003",
                       "dbname": "app", "target_session_attrs": "prefer-standby", "connect_timeout": "10",
-                      "sslmode": "verify-ca", "sslrootcert": "/var/lib/pgcarve/tls/ca.pem"}
+                      **DEAD_SERVER_PARAMS, "sslmode": "verify-ca", "sslrootcert": "/var/lib/pgcarve/tls/ca.pem"}
     assert "password" not in conninfo_to_dict(uris.rw)
 
 
@@ -328,7 +329,7 @@ def test_service_file_names_every_instance_for_libpq(
     assert services.sections() == ["pgc-01", "pgc-01-ro"], "pgc-02 has no credentials: left out"
     assert dict(services["pgc-01"]) == {
         "host": "127.0.0.1,127.0.0.1,127.0.0.1", "port": "41001,41002,41003", "dbname": "app", "user": "app",
-        "target_session_attrs": "read-write", "connect_timeout": "10", "sslmode": "verify-ca",
+        "target_session_attrs": "read-write", "connect_timeout": "10", **DEAD_SERVER_PARAMS, "sslmode": "verify-ca",
         "sslrootcert": str(out_dir / "ca.pem")}
     assert services["pgc-01-ro"]["target_session_attrs"] == "prefer-standby"
     assert (out_dir / ".pgpass").read_text().splitlines() == [f"127.0.0.1:{p}:app:app:{PASSWORD}" for _, p in HOSTS]

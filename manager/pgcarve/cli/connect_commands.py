@@ -40,7 +40,7 @@ class Endpoint:
     user: str
     database: str
     hosts: tuple[tuple[str, int], ...]
-    params: dict[str, str]  # target_session_attrs, connect_timeout, ...; not sslmode/sslrootcert
+    params: dict[str, str]  # target_session_attrs, connect_timeout, keepalives...; not sslmode/sslrootcert
     sslmode: str
 
     @classmethod
@@ -55,8 +55,7 @@ class Endpoint:
         parts.pop("sslrootcert", None)
         parts.pop("password", None)
         # libpq lists parameters in its own order: put them back in the order the API writes them.
-        order: tuple[str, ...] = ("target_session_attrs", "connect_timeout")
-        first = {key: parts.pop(key) for key in order if key in parts}
+        first = {key: parts.pop(key) for key in conninfo.endpoint_params("read-write") if key in parts}
         return cls(user, database, hosts, {**first, **parts}, sslmode)
 
     def uri(self, root_cert: Path, password: str | None = None) -> str:

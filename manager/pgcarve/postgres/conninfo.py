@@ -18,7 +18,7 @@ from psycopg.conninfo import make_conninfo
 
 from pgcarve.errors import ConfigError
 from pgcarve.naming import application_name
-from pgcarve.postgres.session import ADMIN_USER, CLIENT_DATABASE, REPLICATION_USER, ClientTls
+from pgcarve.postgres.session import ADMIN_USER, CLIENT_DATABASE, DEAD_SERVER_PARAMS, REPLICATION_USER, ClientTls
 
 # Where the image's setup script puts the fleet CA in every guest (a standby verifies its primary with it).
 GUEST_CA_FILE = "/etc/postgresql/15/main/pgcarve-ca.pem"
@@ -52,9 +52,14 @@ def endpoint_uri(user: str, database: str, hosts: Sequence[tuple[str, int]], att
                  tls: ClientTls, password: str | None = None) -> str:
     """A URI over all of an instance's hosts that reaches its primary (`read-write`) or,
     preferably, a standby (`prefer-standby`) wherever they are now: libpq tries the hosts in
-    order and keeps the first that suits, so the same string follows a failover."""
-    return uri(user, database, hosts, tls, password,
-               {"target_session_attrs": attrs, "connect_timeout": str(CONNECT_TIMEOUT_S)})
+    order and keeps the first that suits, so the same string follows a failover; a session on a
+    server that died fails within seconds (DEAD_SERVER_PARAMS), so the application reconnects."""
+    return uri(user, database, hosts, tls, password, endpoint_params(attrs))
+
+
+def endpoint_params(attrs: SessionAttrs) -> dict[str, str]:
+    """An endpoint's libpq parameters besides TLS, in the order its URI and service entry list them."""
+    return {"target_session_attrs": attrs, "connect_timeout": str(CONNECT_TIMEOUT_S), **DEAD_SERVER_PARAMS}
 
 
 def standby_conninfo(primary_address: str, standby_guest: str, password: str) -> str:
@@ -69,4 +74,4 @@ def admin_conninfo(host: str, port: int, password: str, tls: ClientTls, database
                    connect_timeout_s: int = 3) -> str:
     """A keyword/value conninfo for the admin role on one guest (the collector's), TLS verified."""
     return make_conninfo(host=host, port=str(port), user=ADMIN_USER, password=password, dbname=database,
-                         connect_timeout=str(connect_timeout_s), **tls.params())
+                         connect_timeout=str(connect_timeout_s), **DEAD_SERVER_PARAMS, **tls.params())
