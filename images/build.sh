@@ -3,8 +3,11 @@
 #
 #   images/build.sh OUT_DIR
 #
-# Produces OUT_DIR/{base.qcow2,vmlinuz,initrd.img,inputs.sha256}. The build is skipped when
-# OUT_DIR/inputs.sha256 matches the hash of this script and images/rootfs/ (content hash).
+# Produces OUT_DIR/{base.qcow2,vmlinuz,initrd.img,inputs.sha256,image.tag}. The build is skipped
+# when OUT_DIR/inputs.sha256 matches the hash of this script and images/rootfs/ (content hash).
+# image.tag names this build, not only its inputs: two builds of the same inputs differ (each
+# initdb makes a new system identifier), and a standby that starts from the image's own data
+# directory must boot the very build its primary does (see pgcarve-guest-setup, from_image).
 set -euo pipefail
 
 here=$(cd "$(dirname "$0")" && pwd)
@@ -23,7 +26,7 @@ inputs_hash() {
 
 want=$(inputs_hash)
 if [[ -f "$out/inputs.sha256" && "$(cat "$out/inputs.sha256")" == "$want" \
-      && -f "$out/base.qcow2" && -f "$out/vmlinuz" && -f "$out/initrd.img" ]]; then
+      && -f "$out/base.qcow2" && -f "$out/vmlinuz" && -f "$out/initrd.img" && -f "$out/image.tag" ]]; then
   echo "image: up to date ($out, inputs $want)"
   exit 0
 fi
@@ -65,6 +68,11 @@ qemu-img convert -f raw -O qcow2 -c "$work/root.raw" "$work/base.qcow2"
   echo "cloud_init=$(chroot "$root" dpkg-query -W -f='${Version}' cloud-init)"
 } > "$work/versions.env"
 
-mv -f "$work/base.qcow2" "$work/vmlinuz" "$work/initrd.img" "$work/versions.env" "$out/"
+# The tag: the inputs' hash and the data directory's identity (system identifier and checkpoint,
+# written by pgcarve-image-finish), hashed to 12 hex digits for volume names.
+[[ -s "$root/usr/share/pgcarve/image-checkpoint" ]] || { echo "image: no image-checkpoint in the root" >&2; exit 1; }
+printf '%s %s\n' "$want" "$(cat "$root/usr/share/pgcarve/image-checkpoint")" | sha256sum | cut -c1-12 > "$work/image.tag"
+
+mv -f "$work/base.qcow2" "$work/vmlinuz" "$work/initrd.img" "$work/versions.env" "$work/image.tag" "$out/"
 echo "$want" > "$out/inputs.sha256"
-echo "image: built $out/base.qcow2 ($(du -h "$out/base.qcow2" | cut -f1)), inputs $want"
+echo "image: built $out/base.qcow2 ($(du -h "$out/base.qcow2" | cut -f1)), inputs $want, tag $(cat "$out/image.tag")"

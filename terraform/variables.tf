@@ -33,11 +33,11 @@ variable "image" {
     kernel_path = string
     tag         = string
   })
-  description = "The guest image built by images/build.sh, as files on the machine running terraform (uploaded through libvirt), and its tag: the first 12 characters of inputs.sha256. The tag is part of the volume names, so a rebuilt image is uploaded beside the old one."
+  description = "The guest image built by images/build.sh, as files on the machine running terraform (uploaded through libvirt), and its tag: the content of image.tag, which names the build (its inputs and its data directory's identity). The tag is part of the volume names, so a rebuilt image is uploaded beside the old one."
 
   validation {
     condition     = can(regex("^[0-9a-f]{12}$", var.image.tag))
-    error_message = "image.tag must be 12 lower-case hex digits (the start of the image's inputs.sha256)."
+    error_message = "image.tag must be 12 lower-case hex digits (the content of the image directory's image.tag)."
   }
 
   validation {

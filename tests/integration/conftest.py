@@ -140,7 +140,7 @@ def clean_sandbox(state_dir: Path) -> tuple[Paths, Sandbox]:
     there stopped; skips without root, fails without the guest image."""
     if os.geteuid() != 0:
         pytest.skip("integration tests need root (network namespaces, libvirtd)")
-    if not (image_dir() / "inputs.sha256").exists():
+    if not (image_dir() / "image.tag").exists():
         pytest.fail(f"no guest image in {image_dir()}: run `make image` first (make test does)")
     paths = Paths(state_dir, image_dir())
     sandbox = Sandbox(paths.sandbox_dir)

@@ -72,7 +72,7 @@ def _why_not() -> str | None:
         return f"missing {', '.join(missing)}: run `make deps`"
     if not (TERRAFORM.exists() and TERRAFORMRC.exists()):
         return f"{TERRAFORM} is not built: run `make tools`"
-    if not (IMAGE_DIR / "inputs.sha256").exists():
+    if not (IMAGE_DIR / "image.tag").exists():
         return f"no guest image in {IMAGE_DIR}: run `make image` or set PGCARVE_IMAGE_DIR"
     return None
 

@@ -32,7 +32,7 @@ from pgcarve.virt.xml_specs import VolumeSpec
 
 OVERLAY_GIB = 1  # 62 overlays fit a test-driver pool of 100 GiB
 BASE_GIB = 2
-IMAGE_TAG = "testdriver00"  # stand_in_image's inputs.sha256 starts with this
+IMAGE_TAG = "testdriver00"  # stand_in_image's image.tag
 
 
 class TestDriverStorage(HostStorage):
@@ -82,12 +82,13 @@ class TestDriverHost(LibvirtHost):
 
 
 def stand_in_image(directory: Path) -> Path:
-    """An image directory that passes LocalImage.check(): empty files and an inputs.sha256 whose
-    tag is IMAGE_TAG. Only TestDriverStorage.upload_image ever sees it (and reads none of it)."""
+    """An image directory that passes LocalImage.check(): empty files, an inputs.sha256 and the
+    build tag IMAGE_TAG. Only TestDriverStorage.upload_image ever sees it (and reads none of it)."""
     directory.mkdir(parents=True, exist_ok=True)
     for name in ("base.qcow2", "vmlinuz", "initrd.img"):
         (directory / name).touch()
     (directory / "inputs.sha256").write_text(IMAGE_TAG + "0" * (64 - len(IMAGE_TAG)) + "\n")
+    (directory / "image.tag").write_text(IMAGE_TAG + "\n")
     return directory
 
 

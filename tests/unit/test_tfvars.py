@@ -40,6 +40,7 @@ TOOLS = Path(os.environ.get("PGCARVE_TOOLS", REPO / ".tools"))
 TERRAFORM = TOOLS / "bin" / "terraform"
 TERRAFORMRC = TOOLS / "terraformrc"
 IMAGE_HASH = hashlib.sha256(b"pgcarve unit test image").hexdigest()
+IMAGE_TAG = hashlib.sha256(b"pgcarve unit test build").hexdigest()[:12]
 
 TFLINT = TOOLS / "bin" / "tflint"
 needs_tflint = pytest.mark.skipif(
@@ -57,12 +58,13 @@ needs_terraform = pytest.mark.skipif(
 
 @pytest.fixture
 def image_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    """A stand-in for images/build.sh's output: small files and an inputs.sha256."""
+    """A stand-in for images/build.sh's output: small files, an inputs.sha256 and an image.tag."""
     directory = tmp_path / "image"
     directory.mkdir()
     for name in ("base.qcow2", "vmlinuz", "initrd.img"):
         (directory / name).write_bytes(b"not really " + name.encode())
     (directory / "inputs.sha256").write_text(IMAGE_HASH + "\n")
+    (directory / "image.tag").write_text(IMAGE_TAG + "\n")
     return directory
 
 
@@ -139,7 +141,7 @@ def test_host_image_and_domain_type(fleet: Fleet, image_dir: Path) -> None:
         "base_path": str(image_dir / "base.qcow2"),
         "kernel_path": str(image_dir / "vmlinuz"),
         "initrd_path": str(image_dir / "initrd.img"),
-        "tag": IMAGE_HASH[:12],
+        "tag": IMAGE_TAG,
     }
 
 
@@ -212,8 +214,11 @@ def test_refusals(tmp_path: Path, image_dir: Path) -> None:
             tfvars_document(fleet, "t0", capacity(fleet.topology("t0"), fleet.placement.planner) + 1)
         with pytest.raises(ConfigError, match="no host named"):
             tfvars_document(fleet, "nope", 1)
+        (image_dir / "image.tag").unlink()
+        with pytest.raises(ImageMissing, match="built before images had build tags"):
+            tfvars_document(fleet, "t0", 1)
         (image_dir / "inputs.sha256").unlink()
-        with pytest.raises(ImageMissing):
+        with pytest.raises(ImageMissing, match="no guest image"):
             tfvars_document(fleet, "t0", 1)
     finally:
         fleet.close()

@@ -359,7 +359,8 @@ class Provisioner:
 
     def same_image(self, primary_host: HostConfig, standby_host: HostConfig) -> bool:
         """Whether a standby on `standby_host` boots the very image a new primary on
-        `primary_host` does (then it can start from its own copy of the image's data directory)."""
+        `primary_host` does (then it can start from its own copy of the image's data directory):
+        volume names carry the build's tag (image.tag), so equal names mean the same build."""
         return self.fleet.images.on(primary_host.name).disk == self.fleet.images.on(standby_host.name).disk
 
     def reserve_address(self, host: HostConfig, name: str) -> str | None:

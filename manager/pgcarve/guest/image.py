@@ -14,7 +14,8 @@ from pgcarve.virt.storage import BaseImage
 
 @dataclass(frozen=True)
 class LocalImage:
-    """The image's files: base.qcow2, vmlinuz, initrd.img, and inputs.sha256 (its content hash)."""
+    """The image's files: base.qcow2, vmlinuz, initrd.img, inputs.sha256 (its content hash) and
+    image.tag (the build's name)."""
 
     directory: Path
 
@@ -32,14 +33,18 @@ class LocalImage:
 
     @property
     def tag(self) -> str:
-        """The first 12 hex digits of the image's input hash: names its volumes on the hosts."""
-        return (self.directory / "inputs.sha256").read_text().strip()[:12]
+        """12 hex digits naming this build (its inputs and its data directory's identity): names
+        its volumes on the hosts, so two volumes of one name on two hosts are the same build."""
+        return (self.directory / "image.tag").read_text().strip()
 
     def check(self) -> LocalImage:
         """Itself, or ImageMissing saying how to build it."""
         if not (self.directory / "inputs.sha256").exists():
             raise ImageMissing(f"no guest image in {self.directory}: build it with `make image` "
                                f"(or images/build.sh {self.directory})")
+        if not (self.directory / "image.tag").exists():
+            raise ImageMissing(f"the guest image in {self.directory} was built before images had build tags "
+                               f"(no image.tag): build it again with `make image`")
         missing = [str(p) for p in (self.base, self.kernel, self.initrd) if not p.exists()]
         if missing:
             raise ImageMissing(f"the guest image in {self.directory} is incomplete: {', '.join(missing)} missing")

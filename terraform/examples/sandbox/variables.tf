@@ -20,7 +20,7 @@ variable "image" {
     kernel_path = string
     tag         = string
   })
-  description = "The guest image files on this machine and their tag (first 12 characters of inputs.sha256)."
+  description = "The guest image files on this machine and their tag (the content of image.tag)."
 }
 
 variable "instances" {
