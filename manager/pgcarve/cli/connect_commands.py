@@ -55,7 +55,7 @@ class Endpoint:
         parts.pop("sslrootcert", None)
         parts.pop("password", None)
         # libpq lists parameters in its own order: put them back in the order the API writes them.
-        first = {key: parts.pop(key) for key in conninfo.endpoint_params("read-write") if key in parts}
+        first = {key: parts.pop(key) for key in conninfo.ENDPOINT_PARAM_ORDER if key in parts}
         return cls(user, database, hosts, {**first, **parts}, sslmode)
 
     def uri(self, root_cert: Path, password: str | None = None) -> str:

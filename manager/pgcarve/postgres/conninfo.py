@@ -53,13 +53,17 @@ def endpoint_uri(user: str, database: str, hosts: Sequence[tuple[str, int]], att
     """A URI over all of an instance's hosts that reaches its primary (`read-write`) or,
     preferably, a standby (`prefer-standby`) wherever they are now: libpq tries the hosts in
     order and keeps the first that suits, so the same string follows a failover; a session on a
-    server that died fails within seconds (DEAD_SERVER_PARAMS), so the application reconnects."""
+    server that died fails within about 30 s (DEAD_SERVER_PARAMS), so the application reconnects."""
     return uri(user, database, hosts, tls, password, endpoint_params(attrs))
 
 
 def endpoint_params(attrs: SessionAttrs) -> dict[str, str]:
-    """An endpoint's libpq parameters besides TLS, in the order its URI and service entry list them."""
+    """An endpoint's libpq parameters besides TLS, in ENDPOINT_PARAM_ORDER."""
     return {"target_session_attrs": attrs, "connect_timeout": str(CONNECT_TIMEOUT_S), **DEAD_SERVER_PARAMS}
+
+
+# The order an endpoint's URI and service entry list its parameters in.
+ENDPOINT_PARAM_ORDER = tuple(endpoint_params("read-write"))
 
 
 def standby_conninfo(primary_address: str, standby_guest: str, password: str) -> str:
