@@ -291,8 +291,10 @@ def test_three_hosts_with_standbys(world: World) -> None:
             return None
         try:
             with fleet.connect(inst.primary, timeout_s=5) as conn:
+                # flush_lsn: PostgreSQL shows a walsender as 'async' until its standby's first
+                # reply names a flush position, which under emulation can come after 'streaming'.
                 rows = conn.execute("select application_name, sync_state from pg_stat_replication "
-                                    "where state = 'streaming'").fetchall()
+                                    "where state = 'streaming' and flush_lsn is not null").fetchall()
         except Exception:  # booting
             return None
         found = {str(r[0]): str(r[1]) for r in rows}
