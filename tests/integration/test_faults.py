@@ -80,13 +80,18 @@ def sync_standby(fleet: Fleet) -> str | None:
 
 def test_guest_postgres_security(carve_env: CarveEnv, fleet: Fleet) -> None:
     """SCRAM only over TLS only, a replication role that is nothing else, pg_hba limited to the
-    instance networks (replication: to the instance's own guests), and the API token nowhere in
-    the server's log."""
+    instance networks (replication: to the instance's own guests), dead clients noticed, and the
+    API token nowhere in the server's log."""
     inst = fleet.instance(INSTANCE)
     for guest in (inst.primary, *inst.standbys):
         assert guest is not None
         with fleet.connect(guest) as conn:
             assert conn.execute("show password_encryption").fetchone() == ("scram-sha-256",)
+            # A vanished client's backend goes within about half a minute (test_dead_clients_local.py).
+            dead_clients = conn.execute("select current_setting('tcp_keepalives_idle'), "
+                                        "current_setting('tcp_user_timeout'), "
+                                        "current_setting('client_connection_check_interval')").fetchone()
+            assert dead_clients == ("10", "30000", "10s"), dead_clients
             rules = conn.execute("select type, database, user_name, address, netmask, auth_method "
                                  "from pg_hba_file_rules").fetchall()
             host_rules = [r for r in rules if r[0] != "local"]

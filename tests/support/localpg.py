@@ -95,11 +95,13 @@ class LocalServer:
     port: int
     proc: subprocess.Popen[bytes] | None = None
     client_params: dict[str, str] = field(default_factory=dict)  # e.g. sslmode, sslrootcert
+    host: str = "127.0.0.1"  # or a unix socket directory (a server in another network namespace)
+    netns: str | None = None  # run the postmaster in this network namespace (root only)
 
     @property
     def dsn(self) -> str:
         extra = "".join(f" {key}={value}" for key, value in self.client_params.items())
-        return f"host=127.0.0.1 port={self.port} user=postgres dbname=postgres connect_timeout=5{extra}"
+        return f"host={self.host} port={self.port} user=postgres dbname=postgres connect_timeout=5{extra}"
 
     @property
     def log_file(self) -> Path:
@@ -111,8 +113,14 @@ class LocalServer:
         args = [str(PG_BIN / "postgres"), "-D", str(self.datadir), "-p", str(self.port)]
         for setting in (*BASE_SETTINGS, *settings):
             args += ["-c", setting]
+        user = as_postgres()
+        if self.netns is not None:
+            # Each of these execs the next: the PID is still the postmaster's.
+            args = ["ip", "netns", "exec", self.netns, "setpriv", "--reuid=postgres", "--regid=postgres",
+                    "--clear-groups", "--", *args]
+            user = {}
         with self.log_file.open("ab") as logf:
-            self.proc = subprocess.Popen(args, stdout=logf, stderr=subprocess.STDOUT, env=env, **as_postgres())
+            self.proc = subprocess.Popen(args, stdout=logf, stderr=subprocess.STDOUT, env=env, **user)
 
     def wait_ready(self, timeout_s: float = 30.0) -> None:
         """Until a session can run a query; RuntimeError with the log's tail if the server exits."""
