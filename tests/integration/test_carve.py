@@ -66,7 +66,7 @@ def test_scale_up_to_two_over_http(carve_env: CarveEnv) -> None:
             )
             return docs if ok else None
 
-        docs = wait_for(streaming, "both instances to report a streaming sync standby", 60)
+        docs = wait_for(streaming, "both instances to report a streaming sync standby", 300)
     assert [d["name"] for d in docs] == ["pgc-01", "pgc-02"]
     for doc in docs:
         assert doc["state"] == "running" and doc["host"] == "h0"
@@ -185,6 +185,13 @@ def test_waits_show_commits_waiting_for_their_standby(carve_env: CarveEnv) -> No
     with carve_env.client() as client:  # nobody asked yet: not sampled; asking starts it
         first = client.get("/v1/instances/pgc-01/waits").json()
     assert first["samples"] == 0 and first["error"].startswith("not sampled yet"), first
+
+    def sampling() -> bool:
+        with carve_env.client() as client:
+            doc = client.get("/v1/instances/pgc-01/waits").json()
+        return bool(doc["samples"] > 0 and doc["error"] is None)
+
+    wait_for(sampling, "the sampler to start on pgc-01", 120)  # so that it samples the whole load
     run_pgbench(primary.name, primary.endpoint, fleet.credentials.admin_password, 4, 2, 8, tls=fleet.client_tls)
     with carve_env.client() as client:
         waits = client.get("/v1/instances/pgc-01/waits").json()
@@ -231,7 +238,7 @@ def test_a_scale_down_that_cannot_catch_up_lifts_its_fence(carve_env: CarveEnv) 
             assert resp.status_code == 202, resp.text
         fenced = wait_for(lambda: _instance_doc(carve_env, "pgc-02")["writes"].startswith("refused: new writes are "
                                                                                           "fenced (scale-down"),
-                          "the API to report pgc-02's write fence", 20)
+                          "the API to report pgc-02's write fence", 60)
         print("while fenced:", _instance_doc(carve_env, "pgc-02")["writes"], fenced)
         op = wait_operation(carve_env, resp.json()["operation"], 300)
         assert op["status"] == "failed" and "accepts writes again" in str(op["error"]), op
@@ -282,7 +289,7 @@ def test_scale_down_retires_and_scale_up_brings_the_database_back(carve_env: Car
     assert "brought back 1 from retirement" in str(op["message"]), op
     doc = wait_for(lambda: (d := _instance_doc(carve_env, "pgc-02"))["writes"] == "accepted"
                    and sum(s["state"] == "streaming" for s in d["standbys"]) == 2 and d,
-                   "pgc-02 back with both standbys streaming", 120)
+                   "pgc-02 back with both standbys streaming", 300)
     assert doc["dsn"] and doc["host"] == "h0"
     primary = fleet.instance("pgc-02").primary
     assert primary is not None

@@ -128,9 +128,8 @@ def test_primary_killed_is_restarted(carve_env: CarveEnv, fleet: Fleet, tmp_path
         incident = wait_for(lambda: incidents_for(carve_env, INSTANCE, killed_at), "the fault to be detected", 30)[0]
         latency = incident["detected_at"] - killed_at
         print(f"primary QEMU killed: detected from a libvirt event after {latency * 1000:.0f} ms: {incident}")
+        # An event, not the 15 s sweep; how soon is a figure (the aim is 2 s), not a bound here.
         assert incident["source"] == "event" and incident["role"] == "primary"
-        # The aim is 2 s; the bound here only tells an event from the 15 s sweep on a loaded machine.
-        assert latency < 5.0
         alert = prom.wait_for_alert("PgcarveInstanceDown", {"instance": INSTANCE}, "firing", timeout_s=120)
         print(f"PgcarveInstanceDown firing {time.time() - killed_at:.1f} s after the kill: "
               f"{alert['annotations']['summary']}")
@@ -160,7 +159,9 @@ def test_standbys_killed_writes_wait_then_standbys_come_back(carve_env: CarveEnv
         # 1. The sync standby dies: the potential standby becomes sync and commits go on.
         killed_at = time.time()
         kill_guest(carve_env, hosts[first], first)
-        wait_for(lambda: sync_standby(fleet) == other, f"{other} to become the synchronous standby", 60)
+        # The primary first notices the dead standby (wal_sender_timeout, 10 s), then the manager
+        # waits sync_switch_after_s; under emulation, beside the killed guest's restart.
+        wait_for(lambda: sync_standby(fleet) == other, f"{other} to become the synchronous standby", 180)
         writer.wait_for_acks(30, 120, f"writes with {first} down")
         wait_recovered(carve_env, first, killed_at)
         wait_whole(carve_env)
@@ -354,7 +355,7 @@ def test_failover_policy_promotes_and_rejoins(carve_env: CarveEnv, fleet: Fleet)
         kill_guest(carve_env, "h0", INSTANCE)
         incident = wait_for(lambda: incidents_for(carve_env, INSTANCE, killed_at), "the fault to be detected", 30)[0]
         print(f"detected after {(incident['detected_at'] - killed_at) * 1000:.0f} ms")
-        assert incident["source"] == "event" and incident["detected_at"] - killed_at < 5.0
+        assert incident["source"] == "event", incident
         recovered = wait_recovered(carve_env, INSTANCE, killed_at, 900)
         print("failover:", recovered["message"])
         assert recovered["action"] == "failover", recovered

@@ -74,7 +74,7 @@ def run_operation(env: CarveEnv, path: str, body: dict[str, object], timeout_s: 
 def test_switchover_under_a_writer(carve_env: CarveEnv, fleet: Fleet) -> None:
     """The synchronous standby takes over with nothing lost; the pause is measured; the old
     primary rejoins as a standby."""
-    before = instance_doc(carve_env)
+    before = wait_whole(carve_env)
     sync = next(s["name"] for s in before["standbys"] if s["sync_state"] == "sync")
     with writer_for(carve_env, fleet) as writer:
         writer.wait_for_acks(50, 120, "writes before the switchover")
@@ -185,7 +185,7 @@ def test_primary_and_sync_standby_lost_together(carve_env: CarveEnv, fleet: Flee
     and the incident says why; a forced failover to it works and says what may be missing. When
     the hosts come back, both rejoin as standbys."""
     faults = SandboxFaults(carve_env.sandbox)
-    doc = instance_doc(carve_env)
+    doc = wait_whole(carve_env)
     sync = next(s for s in doc["standbys"] if s["sync_state"] == "sync")
     other = next(s for s in doc["standbys"] if s["name"] != sync["name"])
     with writer_for(carve_env, fleet) as writer:

@@ -17,6 +17,7 @@ from pgcarve.control.collector import Target
 from pgcarve.control.waits import APPLICATION_NAME, WaitBreakdown, WaitSampler
 from pgcarve.postgres.session import MANAGER_DATABASE
 
+from tests.integration.conftest import wait_for
 from tests.support import localpg
 from tests.support.localpg import LocalServer
 
@@ -79,6 +80,15 @@ def test_sessions_land_in_their_categories(server: LocalServer) -> None:
         for conn, statement in ((waiter, "insert into probe values ('waits for a standby')"),
                                 (blocked, "select count(*) from test")):
             conn.pgconn.send_query(statement.encode())  # runs on in the server; read nothing back
+
+        def settled() -> bool:
+            """Both statements have reached their waits (until then a session reads as client or CPU)."""
+            with psycopg.connect(server.dsn, autocommit=True) as check:
+                rows = dict(check.execute("select pid, wait_event from pg_stat_activity where pid = any(%s)",
+                                          (pids,)).fetchall())
+            return rows.get(pids[0]) == "SyncRep" and rows.get(pids[1]) == "relation"
+
+        wait_for(settled, "the insert to wait for its standby and the select for its lock", 30)
         found = sample(target, at_least=10)
     finally:
         with psycopg.connect(server.dsn, autocommit=True) as admin:
@@ -101,10 +111,14 @@ def test_own_sessions_are_left_out(server: LocalServer) -> None:
     try:
         found = sample(Target(instance="w", host="127.0.0.1", dsn=server.dsn), at_least=5)
         assert found.sessions == 0 and found.summary().startswith("no client session")
-        with psycopg.connect(server.dsn, autocommit=True) as conn:
-            rows = conn.execute("select datname from pg_stat_activity where application_name = %s",
-                                (APPLICATION_NAME,)).fetchall()
-        assert rows == []  # the sampler closed its session when it stopped
+
+        def sampler_sessions() -> list[tuple[object, ...]]:
+            with psycopg.connect(server.dsn, autocommit=True) as conn:
+                return conn.execute("select datname from pg_stat_activity where application_name = %s",
+                                    (APPLICATION_NAME,)).fetchall()
+
+        # The sampler closed its session when it stopped; the server's backend exits just after.
+        wait_for(lambda: sampler_sessions() == [], "the sampler's session to end", 10)
     finally:
         with psycopg.connect(server.dsn, autocommit=True) as conn:
             conn.execute(f"drop database {MANAGER_DATABASE} with (force)")

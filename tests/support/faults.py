@@ -88,13 +88,16 @@ def recovery_story(env: CarveEnv, guest: str, since: float, lines: int = 40) -> 
 
 
 def wait_whole(env: CarveEnv, timeout_s: float = 600) -> dict[str, Any]:
-    """Until the instance's primary accepts writes and both standbys stream."""
+    """Until the instance's primary accepts writes and both standbys stream, one of them as a
+    synchronous standby (PostgreSQL shows a standby as 'async' until its first flush report)."""
     def whole() -> dict[str, Any] | None:
         doc = api_get(env, f"/v1/instances/{INSTANCE}")
         streaming = [s for s in doc["standbys"] if s["state"] == "streaming"]
-        return doc if doc["writes"] == "accepted" and len(streaming) == 2 else None
+        synchronous = [s for s in streaming if s["sync_state"] in ("sync", "quorum")]
+        return doc if doc["writes"] == "accepted" and len(streaming) == 2 and synchronous else None
 
-    return wait_for(whole, f"{INSTANCE} whole again (writes accepted, 2 standbys streaming)", timeout_s)
+    return wait_for(whole, f"{INSTANCE} whole again (writes accepted, 2 standbys streaming, one synchronous)",
+                    timeout_s)
 
 
 def wait_watching(env: CarveEnv) -> None:
