@@ -84,8 +84,9 @@ def test_sessions_land_in_their_categories(server: LocalServer) -> None:
         def settled() -> bool:
             """Both statements have reached their waits (until then a session reads as client or CPU)."""
             with psycopg.connect(server.dsn, autocommit=True) as check:
-                rows = dict(check.execute("select pid, wait_event from pg_stat_activity where pid = any(%s)",
-                                          (pids,)).fetchall())
+                found = check.execute("select pid, wait_event from pg_stat_activity where pid = any(%s)",
+                                      (pids,)).fetchall()
+            rows: dict[int, str | None] = dict(found)
             return rows.get(pids[0]) == "SyncRep" and rows.get(pids[1]) == "relation"
 
         wait_for(settled, "the insert to wait for its standby and the select for its lock", 30)
