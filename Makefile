@@ -89,7 +89,7 @@ down:
 
 lint: venv
 	$(VENV)/bin/ruff check manager api tests bench
-	$(VENV)/bin/mypy manager/pgcarve api/pgcarve_api bench
+	$(VENV)/bin/mypy manager/pgcarve api/pgcarve_api bench tests
 
 unit: venv
 	$(PY) -m pytest tests/unit -q

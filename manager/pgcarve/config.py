@@ -122,9 +122,9 @@ class FleetConfig(BaseModel):
     model_config = ConfigDict(extra="forbid")
     fleet: str = Field("pgc", pattern=r"^[a-z][a-z0-9]{0,15}$", description="prefix of every guest name")
     domain_type: Literal["auto", "kvm", "qemu"] = "auto"
-    instance: InstanceSize = InstanceSize()  # type: ignore[call-arg]
-    replication: Replication = Replication()  # type: ignore[call-arg]
-    recovery: RecoveryPolicy = RecoveryPolicy()  # type: ignore[call-arg]
+    instance: InstanceSize = InstanceSize()
+    replication: Replication = Replication()
+    recovery: RecoveryPolicy = RecoveryPolicy()
     allowed_cidrs: list[str] = Field(default_factory=lambda: ["10.77.0.0/16"],
                                      description="networks allowed to log in to PostgreSQL")
     hosts: list[HostConfig]

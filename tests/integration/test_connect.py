@@ -162,7 +162,7 @@ def test_tls_is_required_and_verified_with_the_fleet_ca(carve_env: CarveEnv, tmp
     with pytest.raises(psycopg.OperationalError, match="certificate verify failed"):
         connect(uri, password, sslrootcert=str(stranger.cert_file))
     # verify-full where the name matches: the guest's certificate names the guest and its instance.
-    port = conninfo_to_dict(uri)["port"].split(",")[0]  # pgc-01's own forward
+    port = str(conninfo_to_dict(uri)["port"]).split(",")[0]  # pgc-01's own forward
     full = (f"host=pgc-01 hostaddr=127.0.0.1 port={port} user=app dbname=app sslmode=verify-full "
             f"sslrootcert={carve_env.paths.tls_dir / 'ca.pem'}")
     with psycopg.connect(full, password=password, connect_timeout=10) as conn:

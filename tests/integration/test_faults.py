@@ -105,7 +105,7 @@ def test_guest_postgres_security(carve_env: CarveEnv, fleet: Fleet) -> None:
             assert {r[3] for r in host_rules if r[2] == ["replicator"]} <= others, rules
             assert all(r[1] in (["replication"], ["postgres"]) for r in host_rules if r[2] == ["replicator"]), rules
             assert all(r[2] == ["replicator"] for r in host_rules if r[1] == ["replication"]), rules
-            roles = dict(conn.execute("select rolname, rolsuper from pg_roles where rolname in "
+            roles: dict[str, bool] = dict(conn.execute("select rolname, rolsuper from pg_roles where rolname in "
                                       "('pgcarve', 'replicator')").fetchall())
             assert roles == {"pgcarve": True, "replicator": False}
             repl = conn.execute("select rolreplication, rolcanlogin from pg_roles "

@@ -53,7 +53,7 @@ def check_event_stream(case: schemathesis.Case, app: FastAPI) -> None:
     first `tps` event carrying the /v1/tps document within a few seconds; then we hang up."""
     query = urlencode(case.query or {}, doseq=True)
     for headers in ({"Authorization": f"Bearer {TOKEN}"}, {}):
-        start = read_stream_start(app, EVENTS, headers={**headers, **(case.headers or {})}, query=query,
+        start = read_stream_start(app, EVENTS, headers={**headers, **dict(case.headers or {})}, query=query,
                                   timeout_s=10)
         assert start.status == 200, start
         assert start.headers["content-type"].startswith("text/event-stream"), start.headers

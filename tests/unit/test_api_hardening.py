@@ -17,8 +17,9 @@ import shutil
 import socket
 import subprocess
 import sys
-from collections.abc import Iterator
+from collections.abc import Iterator, MutableMapping
 from pathlib import Path
+from typing import Any
 
 import pytest
 import yaml
@@ -60,7 +61,7 @@ def fleet(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[ManagerSe
     keep_alive.close()
 
 
-def _settings(service: ManagerService, **changes: object) -> Settings:
+def _settings(service: ManagerService, **changes: Any) -> Settings:
     return Settings(state_dir=service.paths.state_dir, **{"token": TOKEN, **changes})
 
 
@@ -116,12 +117,12 @@ def test_a_request_without_host_is_refused(fleet: ManagerService) -> None:
     import asyncio
 
     app = create_app(_settings(fleet), service=fleet)
-    sent: list[dict[str, object]] = []
+    sent: list[MutableMapping[str, Any]] = []
 
-    async def receive() -> dict[str, object]:
+    async def receive() -> MutableMapping[str, Any]:
         return {"type": "http.request", "body": b"", "more_body": False}
 
-    async def send(message: dict[str, object]) -> None:
+    async def send(message: MutableMapping[str, Any]) -> None:
         sent.append(message)
 
     scope = {"type": "http", "method": "GET", "path": "/healthz", "raw_path": b"/healthz", "query_string": b"",
@@ -129,7 +130,7 @@ def test_a_request_without_host_is_refused(fleet: ManagerService) -> None:
              "http_version": "1.0", "root_path": "", "asgi": {"version": "3.0"}}
     asyncio.run(app(scope, receive, send))
     assert sent[0]["status"] == 421
-    assert b"no Host header" in sent[1]["body"]  # type: ignore[operator]
+    assert b"no Host header" in sent[1]["body"]
 
 
 # --- loopback from the socket ---------------------------------------------------------------------

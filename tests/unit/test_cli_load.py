@@ -6,15 +6,16 @@ import json
 import threading
 from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
 
 import pytest
 from pgcarve.cli.client import ApiClient
 
 
 @pytest.fixture()
-def history_server() -> Iterator[tuple[str, list[dict[str, float]]]]:
+def history_server() -> Iterator[tuple[str, list[dict[str, Any]]]]:
     """A loopback server answering /v1/tps/history with whatever the test puts in the list."""
-    points: list[dict[str, float]] = []
+    points: list[dict[str, Any]] = []
 
     class Handler(BaseHTTPRequestHandler):
         def do_GET(self) -> None:
@@ -41,7 +42,7 @@ def history_server() -> Iterator[tuple[str, list[dict[str, float]]]]:
 
 
 def test_difference_of_totals_between_the_samples_around_the_run(
-        history_server: tuple[str, list[dict[str, float]]]) -> None:
+        history_server: tuple[str, list[dict[str, Any]]]) -> None:
     url, points = history_server
     points += [
         {"at": 98.0, "aggregate_tps": 500.0, "window_s": 1.0, "xacts_total": 900},
@@ -58,7 +59,7 @@ def test_difference_of_totals_between_the_samples_around_the_run(
     assert ApiClient(url).transactions_during(100.0, 105.0, wait_s=1) == 81
 
 
-def test_none_when_no_sample_arrives_after_the_run(history_server: tuple[str, list[dict[str, float]]]) -> None:
+def test_none_when_no_sample_arrives_after_the_run(history_server: tuple[str, list[dict[str, Any]]]) -> None:
     url, points = history_server
     points += [{"at": 99.0, "aggregate_tps": 0.0, "window_s": 1.0, "xacts_total": 5},
                {"at": 101.0, "aggregate_tps": 10.0, "window_s": 1.0, "xacts_total": 15}]
@@ -66,7 +67,7 @@ def test_none_when_no_sample_arrives_after_the_run(history_server: tuple[str, li
 
 
 def test_none_when_the_history_does_not_reach_back_to_the_start(
-        history_server: tuple[str, list[dict[str, float]]]) -> None:
+        history_server: tuple[str, list[dict[str, Any]]]) -> None:
     url, points = history_server
     points += [{"at": 101.0, "aggregate_tps": 10.0, "window_s": 1.0, "xacts_total": 15},
                {"at": 109.0, "aggregate_tps": 0.0, "window_s": 1.0, "xacts_total": 25}]
@@ -74,7 +75,7 @@ def test_none_when_the_history_does_not_reach_back_to_the_start(
 
 
 def test_no_count_when_an_instance_had_no_baseline_before_the_run(
-        history_server: tuple[str, list[dict[str, float]]]) -> None:
+        history_server: tuple[str, list[dict[str, Any]]]) -> None:
     """The collector first sampled pgc-02 after the load began: its first commits are in no
     difference of totals, so the API offers no figure rather than one short by them."""
     url, points = history_server
@@ -86,7 +87,7 @@ def test_no_count_when_an_instance_had_no_baseline_before_the_run(
     assert client.transactions_during(100.0, 105.0, wait_s=1, instances=("pgc-01",)) == 90
 
 
-def test_waits_until_every_instance_has_a_baseline(history_server: tuple[str, list[dict[str, float]]]) -> None:
+def test_waits_until_every_instance_has_a_baseline(history_server: tuple[str, list[dict[str, Any]]]) -> None:
     url, points = history_server
     points.append({"at": 99.0, "xacts_total": 5, "instances": {"pgc-01": {}}})
     client = ApiClient(url)
@@ -95,7 +96,7 @@ def test_waits_until_every_instance_has_a_baseline(history_server: tuple[str, li
     assert client.wait_until_sampled(["pgc-01", "pgc-02"], wait_s=0.6) == []
 
 
-def test_waits_for_samples_newer_than_the_last_writes(history_server: tuple[str, list[dict[str, float]]]) -> None:
+def test_waits_for_samples_newer_than_the_last_writes(history_server: tuple[str, list[dict[str, Any]]]) -> None:
     """pgc-02 last answered the collector before the writes that came just ahead of the load: a
     baseline that old would count those writes with the load."""
     url, points = history_server
@@ -109,12 +110,12 @@ def test_waits_for_samples_newer_than_the_last_writes(history_server: tuple[str,
 
 
 def test_the_count_waits_for_every_instance_to_be_polled_after_the_run(
-        history_server: tuple[str, list[dict[str, float]]]) -> None:
+        history_server: tuple[str, list[dict[str, Any]]]) -> None:
     """pgc-01 was too busy to answer the collector when the load ended: the first samples after
     the run still hold its count from before; the figure comes from the first sample with both."""
     url, points = history_server
 
-    def point(at: float, total: int, a: float, b: float) -> dict[str, object]:
+    def point(at: float, total: int, a: float, b: float) -> dict[str, Any]:
         return {"at": at, "xacts_total": total, "instances": {"pgc-01": {"sampled_at": a}, "pgc-02": {"sampled_at": b}}}
 
     points += [point(99.0, 5, 99.0, 99.0),

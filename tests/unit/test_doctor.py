@@ -65,9 +65,9 @@ def host(name: str = "t0", **fields: Any) -> HostConfig:
 def config(*hosts: HostConfig, standbys: int = 0, domain_type: str = "qemu", **size: Any) -> FleetConfig:
     return FleetConfig(
         fleet="doc",
-        domain_type=domain_type,  # type: ignore[arg-type]
+        domain_type=domain_type,
         instance=InstanceSize(**{"vcpus": 2, "memory_mib": 512, **size}),
-        replication=Replication(standbys=standbys),  # type: ignore[call-arg]
+        replication=Replication(standbys=standbys),
         hosts=list(hosts) or [host()],
     )
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import libvirt
 import pytest
@@ -111,7 +112,7 @@ def test_metadata_round_trip_through_libvirt_host() -> None:
         ({"disks": (Disk("vda", "default", "../etc/passwd"),)}, "pool/volume"),
     ],
 )
-def test_invalid_specs_are_refused(changes: dict[str, object], problem: str) -> None:
+def test_invalid_specs_are_refused(changes: dict[str, Any], problem: str) -> None:
     with pytest.raises(ConfigError, match=problem):
         spec(**changes)
 

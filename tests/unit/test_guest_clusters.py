@@ -133,7 +133,7 @@ def write_seed(script: ModuleType, doc: dict[str, object]) -> None:
 
 def boot(script: ModuleType, guest: Guest) -> None:
     """What one boot runs: before-start (as pgcarve-guest-setup's ExecStartPost), then after-start."""
-    script.run = guest
+    setattr(script, "run", guest)  # the script's one way to run commands, replaced
     assert script.main(["pgcarve-clusters", "before-start"]) == 0
     assert script.main(["pgcarve-clusters", "after-start"]) == 0
 
@@ -313,7 +313,7 @@ def test_a_standby_whose_primary_never_answers_gives_up(script: ModuleType, monk
     write_seed(script, standby_seed(clusters=2))
     monkeypatch.setattr(script, "CLONE_DEADLINE_S", -1)
     guest = Guest(script, basebackup_errors=("pg_basebackup: error: connection refused",))
-    script.run = guest
+    monkeypatch.setattr(script, "run", guest)
     with pytest.raises(SystemExit, match=r"c2: could not clone from 10\.77\.0\.12:5433"):
         script.after_start()
     assert not (script.DATA_ROOT / "c2").exists()

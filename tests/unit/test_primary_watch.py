@@ -29,7 +29,7 @@ def watch_over_one_instance() -> tuple[PrimaryWatch, InstanceLocks, RecordingKee
         locks=locks, sync_records=None,
         config=SimpleNamespace(replication=SimpleNamespace(standbys=2),
                                recovery=SimpleNamespace(sync_switch_after_s=3.0)))
-    inst = SimpleNamespace(index=1, name="pgc-01", primary=object())
+    inst: Any = SimpleNamespace(index=1, name="pgc-01", primary=object())
     watch = PrimaryWatch(fleet, lambda: [inst])
     keeper = RecordingKeeper()
     watch.keeper = keeper  # type: ignore[assignment]

@@ -16,14 +16,14 @@ from pgcarve.control import provisioning
 from pgcarve.control.fleet import Guest, Progress
 from pgcarve.control.provisioning import Provisioner
 from pgcarve.settings import Paths
-from pgcarve.virt.domain_xml import InstanceMetadata, mac_for
+from pgcarve.virt.domain_xml import InstanceMetadata, Role, mac_for
 from pgcarve.virt.host import GuestInfo
 
 from bench import simulated_hosts
 from tests.support import testdriver as td
 
 
-def _info(name: str, host: str, role: str = "primary", standby: int = 0) -> GuestInfo:
+def _info(name: str, host: str, role: Role = "primary", standby: int = 0) -> GuestInfo:
     meta = InstanceMetadata(fleet="pgc", cluster="pgc-01", role=role, index=1, standby=standby)
     return GuestInfo(name=name, host=host, metadata=meta, state="running", vcpu_pins=((0,),), emulator_cpus=(),
                      memory_mib=1024, mac=None)
@@ -147,7 +147,8 @@ def test_a_standby_seeded_with_a_stale_address_is_built_again(monkeypatch: pytes
     rec = Recorder(events, reserved="10.77.0.4", answering_address="10.77.0.5")
     removed: list[str] = []
     monkeypatch.setattr(provisioning, "remove_guest", lambda fleet, info: removed.append(info.name))
-    rec.fleet.config.host = lambda name: HostConfig(name=name, uri="test:///default")  # type: ignore[attr-defined]
+    monkeypatch.setattr(rec.fleet.config, "host", lambda name: HostConfig(name=name, uri="test:///default"),
+                        raising=False)  # the fake config has no such method
     rec.create_instance(1)
     assert sorted(removed) == ["pgc-01-s1", "pgc-01-s2"]
     rebuilt = [e for e in events if e.startswith("start pgc-01-s")][2:]
@@ -207,7 +208,7 @@ def test_a_primary_too_busy_to_answer_is_asked_again_for_its_standbys_slots(
         with real_connect(guest, **kwargs) as conn:
             yield conn
 
-    rec.fleet.connect = sometimes_late  # type: ignore[method-assign]
+    monkeypatch.setattr(rec.fleet, "connect", sometimes_late)
     rec.create_instance(1)
     assert busy["left"] == 0
     assert {"slot pgcarve_pgc_01_s1", "slot pgcarve_pgc_01_s2"} <= set(events)

@@ -13,6 +13,7 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import Literal
 
 import pytest
 from pgcarve.config import FleetConfig, HostConfig, InstanceSize, RecoveryPolicy, Replication
@@ -62,7 +63,8 @@ class World:
     provisioner: FakeProvisioner
     removed: list[str]
 
-    def define(self, host: str, index: int, standby: int = 0, created_by: str = "terraform",
+    def define(self, host: str, index: int, standby: int = 0,
+               created_by: Literal["manager", "terraform"] = "terraform",
                running: bool = True) -> str:
         """Guest `standby` (0: the primary) of instance `index` on `host`, as Terraform or the
         manager would define it."""
@@ -98,7 +100,7 @@ class FakeProvisioner(Provisioner):
         return Guest(info=lv.guest(name), address=None, endpoint=None)
 
     def create_standby(self, primary: Guest, host: HostConfig, name: str, number: int,
-                       progress: Progress = no_progress) -> Guest:
+                       progress: Progress = no_progress, from_image: bool = False) -> Guest:
         self.built.append(f"{name} on {host.name}")
         meta = replace(primary.info.metadata, role="standby", standby=number)
         spec = DomainSpec(name=name, domain_type="qemu", metadata=meta, memory_mib=1024, vcpu_pins=(3,),
@@ -145,11 +147,12 @@ def supervising(w: World) -> tuple[Supervisor, list[int]]:
     attempts: list[int] = []
     repair = supervisor.repairer.repair
 
-    def counted(index: int, policy: str, **kwargs: object) -> recovery.RepairResult:
+    def counted(index: int, policy: str, host_lost: bool = False, isolated: bool = False,
+                progress: Progress = no_progress) -> recovery.RepairResult:
         attempts.append(index)
-        return repair(index, policy, **kwargs)
+        return repair(index, policy, host_lost, isolated, progress)
 
-    supervisor.repairer.repair = counted
+    supervisor.repairer.repair = counted  # type: ignore[method-assign]
     return supervisor, attempts
 
 

@@ -26,6 +26,7 @@ import xml.etree.ElementTree as ET
 from collections.abc import Iterator
 from pathlib import Path
 from types import ModuleType
+from typing import Any
 
 import pytest
 import yaml
@@ -124,8 +125,8 @@ def test_allowed_cidrs_must_be_networks(tmp_path: Path, cidr: str) -> None:
 XML_HOSTILE = "&<>\"' ]]> <!-- x --> $(id); `x` \\ \n"
 
 
-def _spec(**changes: object) -> DomainSpec:
-    fields: dict[str, object] = dict(
+def _spec(**changes: Any) -> DomainSpec:
+    fields: dict[str, Any] = dict(
         name="pgc-01", domain_type="qemu",
         metadata=InstanceMetadata(fleet="pgc", cluster="pgc-01", role="primary", index=1),
         memory_mib=1024, vcpu_pins=(2,), emulator_cpus=(0,), kernel="/k", initrd="/i",

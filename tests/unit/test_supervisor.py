@@ -13,14 +13,14 @@ from pathlib import Path
 import libvirt
 import pytest
 from pgcarve.config import FleetConfig, HostConfig, RecoveryPolicy, Replication
-from pgcarve.control.fleet import Fleet
+from pgcarve.control.fleet import Fleet, Progress, no_progress
 from pgcarve.control.recovery import Action, RepairIncomplete, RepairResult, RepairStep
 from pgcarve.control.removal import discard_half_made, discard_instance
 from pgcarve.control.supervisor import Incident, Supervisor, repair_progress
 from pgcarve.errors import GuestNotReady, PgcarveError
 from pgcarve.postgres.replication import lsn_value
 from pgcarve.settings import Paths
-from pgcarve.virt.domain_xml import InstanceMetadata
+from pgcarve.virt.domain_xml import InstanceMetadata, Role
 
 from tests.support.domains import define, reset_test_driver
 
@@ -137,7 +137,8 @@ def test_a_promoted_standby_gets_its_new_identity_in_libvirt(tmp_path: Path) -> 
                                   replication=Replication(standbys=0)), Paths(tmp_path))
         host = fleet.hosts["h1"]
         before = host.guest("pgc-01").metadata
-        for role, number in (("standby", 2), ("primary", 0)):
+        changes: tuple[tuple[Role, int], ...] = (("standby", 2), ("primary", 0))
+        for role, number in changes:
             host.set_metadata("pgc-01", replace(before, role=role, standby=number))
             assert host.guest("pgc-01").metadata == replace(before, role=role, standby=number)
             dom = conn.lookupByName("pgc-01")
@@ -168,7 +169,8 @@ def failing_once(tmp_path: Path, policy: str, failure: PgcarveError) -> Iterator
     supervisor = Supervisor(fleet, sweep_s=0.05, retry_s=0.1)
     attempts: list[int] = []
 
-    def repair(index: int, policy: str, **_: object) -> RepairResult:
+    def repair(index: int, policy: str, host_lost: bool = False, isolated: bool = False,
+               progress: Progress = no_progress) -> RepairResult:
         attempts.append(index)
         if len(attempts) == 1:
             raise failure

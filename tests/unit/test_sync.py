@@ -23,13 +23,13 @@ def up(lsn: int, sync_state: str = "async") -> ReplicaState:
 
 
 def test_a_new_instance_names_its_first_k_standbys() -> None:
-    first = initial_record("pgc-01", "pgc-01", "h0", STANDBYS, Replication())  # type: ignore[call-arg]
+    first = initial_record("pgc-01", "pgc-01", "h0", STANDBYS, Replication())
     assert first is not None and first.synchronous == ("pgc-01-s1",) and first.members == ("pgc-01-s1",)
     assert names_for(first) == "FIRST 1 (pgc_01_s1)"
     anyk = initial_record("pgc-01", "pgc-01", "h0", STANDBYS,
-                          Replication(sync_mode="ANY", sync_count=1))  # type: ignore[call-arg]
+                          Replication(sync_mode="ANY", sync_count=1))
     assert anyk is not None and names_for(anyk) == "ANY 1 (pgc_01_s1, pgc_01_s2)"
-    assert initial_record("pgc-01", "pgc-01", "h0", [], Replication()) is None  # type: ignore[call-arg]
+    assert initial_record("pgc-01", "pgc-01", "h0", [], Replication()) is None
 
 
 def test_nothing_changes_while_the_chosen_standby_streams() -> None:
@@ -79,7 +79,7 @@ def test_a_terraform_primary_whose_standbys_are_not_there_yet_is_recorded_with_t
     from pgcarve.control.sync import SyncKeeper
     from pgcarve.control.sync_record import SyncRecords
 
-    config = SimpleNamespace(fleet="pgc", replication=Replication())  # type: ignore[call-arg]
+    config = SimpleNamespace(fleet="pgc", replication=Replication())
     records = SyncRecords(tmp_path)
     keeper = SyncKeeper(SimpleNamespace(config=config), records)  # type: ignore[arg-type]
     primary = SimpleNamespace(name="pgc-01", info=SimpleNamespace(host="h0"))
@@ -107,7 +107,11 @@ def test_a_recorded_primary_that_streams_from_another_server_is_never_promoted(
                            synchronous=("pgc-01-s2",)))
     keeper = sync.SyncKeeper(SimpleNamespace(config=None), records)  # type: ignore[arg-type]
     promoted: list[object] = []
-    monkeypatch.setattr(sync.replication, "promote", lambda conn, timeout: promoted.append(conn) or True)
+    def promote(conn: object, timeout: float) -> bool:
+        promoted.append(conn)
+        return True
+
+    monkeypatch.setattr(sync.replication, "promote", promote)
     monkeypatch.setattr(sync.replication, "set_synchronous_standby_names", lambda conn, names: None)
     monkeypatch.setattr(sync.replication, "settle_new_primary", lambda conn: None)
     inst = SimpleNamespace(name="pgc-01", primary=SimpleNamespace(name="pgc-01-s1"))

@@ -72,15 +72,15 @@ def fleet_config(hosts: int = 1, vcpus: int = 2, memory_mib: int = 512, domain_t
                  standby_hosts: int = 0, network: str = "default") -> FleetConfig:
     """`hosts` primary hosts t0.. and `standby_hosts` standby hosts s0.. on the test driver, whose
     network "default" hands out 192.168.122.2-254; each instance gets a standby on every standby host."""
-    host_configs = [HostConfig(name=f"t{i}", uri="test:///default", network=network)  # type: ignore[call-arg]
+    host_configs = [HostConfig(name=f"t{i}", uri="test:///default", network=network)
                     for i in range(hosts)]
-    host_configs += [HostConfig(name=f"s{i}", uri="test:///default", role="standby", network=network)  # type: ignore[call-arg]
+    host_configs += [HostConfig(name=f"s{i}", uri="test:///default", role="standby", network=network)
                      for i in range(standby_hosts)]
     return FleetConfig(
         fleet="tst",
-        domain_type=domain_type,  # type: ignore[arg-type]
-        instance=InstanceSize(vcpus=vcpus, memory_mib=memory_mib, disk_gib=4),  # type: ignore[call-arg]
-        replication=Replication(standbys=standby_hosts),  # type: ignore[call-arg]
+        domain_type=domain_type,
+        instance=InstanceSize(vcpus=vcpus, memory_mib=memory_mib, disk_gib=4),
+        replication=Replication(standbys=standby_hosts),
         allowed_cidrs=["10.77.0.0/16", "10.76.0.0/24"],
         hosts=host_configs,
     )

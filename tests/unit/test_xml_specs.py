@@ -13,12 +13,14 @@ from pgcarve.virt.xml_specs import NetworkSpec, PoolSpec, ProbeDomainSpec, Volum
 
 GOLDEN = Path(__file__).resolve().parent.parent / "data" / "xml_specs"
 
+POOL = PoolSpec("pgcarve", "/var/lib/libvirt/pgcarve")
+NETWORK = NetworkSpec("pgcarve", "pgcbr0", "10.77.1.1", 24, "10.77.1.10", "10.77.1.250")
 CASES: dict[str, PoolSpec | VolumeSpec | NetworkSpec | ProbeDomainSpec] = {
-    "pool": PoolSpec("pgcarve", "/var/lib/libvirt/pgcarve"),
+    "pool": POOL,
     "volume-upload": VolumeSpec("pgc-01-seed.iso", 374784, format="raw"),
     "volume-overlay": VolumeSpec("pgc-01.qcow2", 8, unit="GiB", format="qcow2",
                                  backing_path="/var/lib/libvirt/pgcarve/pgcarve-base-0123456789ab.qcow2"),
-    "network": NetworkSpec("pgcarve", "pgcbr0", "10.77.1.1", 24, "10.77.1.10", "10.77.1.250"),
+    "network": NETWORK,
     "probe-domain": ProbeDomainSpec("pgcarve-kvm-probe-1a2b3c4d", "/var/lib/libvirt/pgcarve/pgcarve-vmlinuz-abc",
                                     "/var/lib/libvirt/pgcarve/pgcarve-initrd-abc"),
 }
@@ -40,7 +42,7 @@ def test_libvirt_accepts_each() -> None:
     try:
         # Names (and a pool path) of their own: test:///default is shared by every test here.
         pool = conn.storagePoolDefineXML(
-            replace(CASES["pool"], name="spec-check-pool", path="/spec-check/pool").to_xml(), 0)
+            replace(POOL, name="spec-check-pool", path="/spec-check/pool").to_xml(), 0)
         try:
             pool.create(0)
             upload = pool.createXML(CASES["volume-upload"].to_xml(), 0)
@@ -50,7 +52,7 @@ def test_libvirt_accepts_each() -> None:
         finally:
             pool.destroy()
             pool.undefine()
-        net = conn.networkDefineXML(replace(CASES["network"], name="spec-check-net", bridge="speccheck0").to_xml())
+        net = conn.networkDefineXML(replace(NETWORK, name="spec-check-net", bridge="speccheck0").to_xml())
         assert net.name() == "spec-check-net" and "10.77.1.250" in net.XMLDesc(0)
         net.undefine()
         probe_spec = replace(CASES["probe-domain"], name="spec-check-probe")
