@@ -13,7 +13,7 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -150,6 +150,11 @@ def clean_sandbox(state_dir: Path) -> tuple[Paths, Sandbox]:
     return paths, sandbox
 
 
+# How to stop the shared sandbox, while it runs: called after the last test that uses it, so its
+# guests take no CPU from the sandboxes and guests of the tests after it.
+_STOP_CARVE_ENV: list[Callable[[], None]] = []
+
+
 @pytest.fixture(scope="session")
 def carve_env() -> Iterator[CarveEnv]:
     paths, sandbox = clean_sandbox(IT_STATE)
@@ -161,12 +166,32 @@ def carve_env() -> Iterator[CarveEnv]:
         sandbox.down()
         raise
     env = CarveEnv(paths=paths, config=config, sandbox=sandbox, url=f"http://127.0.0.1:{port}", server=server)
+
+    def stop() -> None:
+        try:
+            left = env.teardown()
+        finally:
+            shutil.rmtree(IT_STATE / "sandbox", ignore_errors=True)
+        # An error in teardown if any guest, daemon or namespace survived.
+        assert left == [], f"integration teardown left: {json.dumps(left)}"
+        out = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True, check=True).stdout
+        assert sandbox.tag not in out, f"a namespace of sandbox {sandbox.tag} survived: {out}"
+
+    _STOP_CARVE_ENV.append(stop)
     try:
         yield env
     finally:
-        left = env.teardown()
-        shutil.rmtree(IT_STATE / "sandbox", ignore_errors=True)
-    # Fails the session (an error in teardown) if any guest, daemon or namespace survived.
-    assert left == [], f"integration teardown left: {json.dumps(left)}"
-    out = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True, check=True).stdout
-    assert sandbox.tag not in out, f"a namespace of sandbox {sandbox.tag} survived: {out}"
+        while _STOP_CARVE_ENV:  # not stopped after its last test (the session was cut short)
+            _STOP_CARVE_ENV.pop()()
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_teardown(item: pytest.Item, nextitem: pytest.Item | None) -> Iterator[None]:
+    """After the last test of the session that uses carve_env, stop it then, not at the end."""
+    yield
+    if not _STOP_CARVE_ENV or "carve_env" not in getattr(item, "fixturenames", ()):
+        return
+    items = item.session.items
+    later = items[items.index(item) + 1:]
+    if not any("carve_env" in getattr(i, "fixturenames", ()) for i in later):
+        _STOP_CARVE_ENV.pop()()
