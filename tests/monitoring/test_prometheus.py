@@ -17,6 +17,8 @@ from tests.support.prometheus import DASHBOARD, prometheus_watching
 # Grafana's variables, as the dashboard's queries would be sent for "all instances".
 GRAFANA_VARIABLES = {"$job": "pgcarve", "$instance": ".*", "$__rate_interval": "1m", "$__interval": "15s",
                      "$__range": "1h"}
+# Scrapes of each instance's counter before its rate is compared with the others'.
+SAMPLES = 6
 
 
 def dashboard_queries() -> list[tuple[str, str]]:
@@ -42,16 +44,16 @@ def test_alerts_fire_and_resolve_in_a_real_prometheus(monitored: Monitored, tmp_
         # Healthy: the recording rules carry each instance's fed throughput and their sum.
         # (rate() over [1m] divides by the whole minute, so a younger series reads low: the test
         # compares instances with each other, not with the feeder's absolute rates.)
-        def recorded() -> tuple[dict[str, float], float]:
-            per = {r["metric"]["instance"]: float(r["value"][1])
-                   for r in prom.query('instance:pgcarve_client_xact:rate1m{job="pgcarve"}')}
-            fleet = prom.query('job:pgcarve_client_xact:rate1m{job="pgcarve"}')
-            return per, float(fleet[0]["value"][1]) if fleet else 0.0
-
-        deadline = time.monotonic() + 20
-        while len(recorded()[0]) < 3 and time.monotonic() < deadline:
-            time.sleep(0.5)
-        per, fleet = recorded()
+        # Feeds and scrapes both tick every second, unsynchronised: two scrapes can fall between
+        # the same two feeds (a rate of 0), and a scrape can catch one instance fed and the next
+        # not yet. Over SAMPLES scrapes that is at most one feed out of several, which cannot
+        # reorder instances fed at ~9000, ~3500 and ~500 TPS.
+        prom.wait_for_samples('pgcarve_client_xact_total{job="pgcarve"}', SAMPLES, series=len(api.instances))
+        timings[f"{SAMPLES} samples of every instance"] = time.monotonic() - started
+        per = {r["metric"]["instance"]: float(r["value"][1])
+               for r in prom.query('instance:pgcarve_client_xact:rate1m{job="pgcarve"}')}
+        fleet_result = prom.query('job:pgcarve_client_xact:rate1m{job="pgcarve"}')
+        fleet = float(fleet_result[0]["value"][1]) if fleet_result else 0.0
         assert set(per) == set(api.instances), per
         # Fed at ~9000, ~3500 and ~500 TPS (+-20%).
         assert per["pgc-01"] > per["pgc-02"] > per["pgc-03"] > 0, per

@@ -84,6 +84,11 @@ def scrape_config(target_url: str, interval_s: float, token: str | None = None) 
     return job
 
 
+def series_labels(metric: Mapping[str, str]) -> str:
+    """A series' labels as one short string, for error messages."""
+    return ",".join(f"{k}={v}" for k, v in sorted(metric.items()))
+
+
 def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -158,6 +163,19 @@ class Prometheus:
                 targets = self._get("/api/v1/targets")["activeTargets"]
                 raise AssertionError(f"Prometheus did not scrape pgcarve {count} times in {timeout_s} s: "
                                      f"{[(t['scrapeUrl'], t['health'], t['lastError']) for t in targets]}")
+            self._check_alive()
+            time.sleep(0.2)
+
+    def wait_for_samples(self, selector: str, count: int, *, series: int, timeout_s: float = 60) -> None:
+        """Until `series` series match `selector`, each with at least `count` samples in the last minute."""
+        query = f"count_over_time({selector}[1m]) >= {count}"
+        deadline = time.monotonic() + timeout_s
+        while len(self.query(query)) < series:
+            if time.monotonic() > deadline:
+                counts = self.query(f"count_over_time({selector}[1m])")
+                seen = {series_labels(r["metric"]): r["value"][1] for r in counts}
+                raise AssertionError(f"not {series} series of {selector} with {count} samples each after "
+                                     f"{timeout_s} s; samples per series: {seen}")
             self._check_alive()
             time.sleep(0.2)
 
