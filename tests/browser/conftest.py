@@ -29,6 +29,9 @@ def browser() -> Iterator[Any]:
         pytest.fail("static/vendor/ is not built: run api/pgcarve_api/static/build-vendor.sh (make vendor)")
     from playwright import sync_api
 
+    # expect() waits 5 s by default, whatever the page's timeout; a first load of many rows on a
+    # loaded 2-core machine can take longer. Each expect() still returns as soon as it holds.
+    sync_api.expect.set_options(timeout=15_000)
     with sync_api.sync_playwright() as pw:
         browser = pw.chromium.launch(executable_path=str(CHROMIUM), headless=True, args=CHROMIUM_ARGS)
         try:

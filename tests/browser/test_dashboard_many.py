@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import math
 import re
+import statistics
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -54,6 +55,12 @@ def many(tmp_path: Path) -> Iterator[tuple[LiveApi, FakeSupervisor]]:
         yield api, supervisor
 
 
+def primary_state(api: LiveApi, name: str) -> str | None:
+    """The libvirt state of `name`'s primary as the service last observed it."""
+    inst = next(i for i in api.service.view.instances if i.name == name)
+    return inst.primary.info.state if inst.primary is not None else None
+
+
 def test_256_instances_and_incidents(browser, many) -> None:
     api, sup = many
     now = time.time()
@@ -65,6 +72,11 @@ def test_256_instances_and_incidents(browser, many) -> None:
                         cause="state shut off")
     sup.finish(failed, "failed", "restart", "its host did not answer; will try again")
     api.domain("pgc-100").destroy()
+    # The page sorts what the API last observed: wait until that has pgc-100 stopped.
+    deadline = time.monotonic() + 30
+    while primary_state(api, "pgc-100") == "running":
+        assert time.monotonic() < deadline, "the service still shows pgc-100 running 30 s after it was stopped"
+        time.sleep(0.2)
 
     context = browser.new_context(viewport={"width": 1366, "height": 900})
     page = context.new_page()
@@ -99,12 +111,12 @@ def test_256_instances_and_incidents(browser, many) -> None:
         assert page.evaluate(VISIBLE_ORDER)[:2] == ["pgc-01", "pgc-02"]
         expect(page.locator('th[data-sort="tps"]')).to_have_attribute("aria-sort", "ascending")
         # Sort by state: problems first (stopped, writes waiting, being repaired), then the rest.
-        page.get_by_test_id("sort-state").click()
-        assert page.evaluate(VISIBLE_ORDER)[:4] == ["pgc-100", "pgc-07", "pgc-09", "pgc-01"]
         expect(page.locator(f'{ROWS}[data-instance="pgc-100"]').get_by_test_id("cell-state")).not_to_have_text(
             "running")
         expect(page.locator(f'{ROWS}[data-instance="pgc-07"]').get_by_test_id("cell-state")).to_contain_text(
             "recovering")
+        page.get_by_test_id("sort-state").click()
+        assert page.evaluate(VISIBLE_ORDER)[:4] == ["pgc-100", "pgc-07", "pgc-09", "pgc-01"]
 
         # Filter: words must all match (name, host, state, standbys...); the count says how many.
         search = page.get_by_test_id("instance-filter")
@@ -163,8 +175,11 @@ def test_256_instances_and_incidents(browser, many) -> None:
         timings = page.evaluate("() => window.pgcarveDashboard.timings")
         print(f"256 rows rendered {loaded_s:.1f} s after navigation; last full render {timings['renderMs']:.0f} ms, "
               f"view (sort + filter) {timings['applyViewMs']:.0f} ms, sparklines {timings['sparklinesMs']:.0f} ms")
-        # A render every 2 s and sparklines every second must leave the page responsive.
-        assert timings["renderMs"] < 500 and timings["sparklinesMs"] < 200, timings
+        # A render every 2 s and sparklines every second must leave the page responsive. The
+        # median of the last passes: one pass descheduled on a loaded machine says nothing.
+        medians = {name: round(statistics.median(ms), 1) for name, ms in timings["recent"].items()}
+        print(f"medians of the last passes (ms): {medians}")
+        assert medians["renderMs"] < 500 and medians["sparklinesMs"] < 200, timings
 
         OUTPUT.mkdir(parents=True, exist_ok=True)
         page.locator('th[data-sort="tps"] button').click()

@@ -112,9 +112,9 @@ class Prometheus:
             raise AssertionError(f"Prometheus {path} {params}: HTTP {resp.status_code}: {body}")
         return body["data"]
 
-    def query(self, expr: str) -> list[dict[str, Any]]:
-        """Instant query; the result vector (or raises with Prometheus's error)."""
-        data = self._get("/api/v1/query", query=expr)
+    def query(self, expr: str, at: float | None = None) -> list[dict[str, Any]]:
+        """Instant query, now or `at` (Unix time); the result vector (or raises with Prometheus's error)."""
+        data = self._get("/api/v1/query", query=expr, **({} if at is None else {"time": f"{at:.3f}"}))
         result: list[dict[str, Any]] = data["result"] if data["resultType"] == "vector" else [data]
         return result
 

@@ -131,10 +131,23 @@ def test_records_that_cannot_be_verified_name_nothing(tmp_path: Path, doc: objec
     assert processes.running_record(path) is None
 
 
+def ignores_sigterm(pid: int, timeout_s: float = 30) -> None:
+    """Until process `pid` ignores SIGTERM (SigIgn in /proc/<pid>/status), i.e. its handler is in."""
+    bit = 1 << (signal.SIGTERM - 1)
+    deadline = time.monotonic() + timeout_s
+    while True:
+        status = Path(f"/proc/{pid}/status").read_text()
+        ignored = int(next(line.split()[1] for line in status.splitlines() if line.startswith("SigIgn:")), 16)
+        if ignored & bit:
+            return
+        assert time.monotonic() < deadline, f"process {pid} did not start ignoring SIGTERM within {timeout_s} s"
+        time.sleep(0.02)
+
+
 def test_stop_escalates_to_sigkill(children: list[subprocess.Popen[bytes]]) -> None:
     proc = spawn(children, sys.executable, "-c",
                  "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); time.sleep(60)")
-    time.sleep(0.3)  # let it install the handler
+    ignores_sigterm(proc.pid)
     record = processes.record_process(proc.pid)
     started = time.monotonic()
     assert processes.stop(record, timeout_s=0.5) is ProcessStatus.RUNNING

@@ -48,10 +48,11 @@ def world(tmp_path: Path) -> Iterator[tuple[libvirt.virConnect, Fleet, Superviso
 
 
 def wait_incidents(supervisor: Supervisor, count: int, timeout_s: float = 30) -> list[Incident]:
+    """At least `count` incidents, each handled (an incident is recorded first, then decided on)."""
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         found = supervisor.incidents()
-        if len(found) >= count:
+        if len(found) >= count and all(i.finished_at is not None for i in found):
             return found
         time.sleep(0.02)
     return supervisor.incidents()

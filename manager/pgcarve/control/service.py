@@ -82,6 +82,7 @@ class ManagerService:
         self.refresh_s = refresh_s
         self._view = FleetView(instances=(), observed_at=0.0)
         self._view_lock = threading.Lock()
+        self._refresh_lock = threading.Lock()
         # include_retired -> (what the documents were built from, the documents)
         self._docs: dict[bool, tuple[tuple[object, ...], list[dict[str, Any]]]] = {}
         self._docs_lock = threading.Lock()  # one build at a time: concurrent misses wait for it
@@ -136,6 +137,13 @@ class ManagerService:
     # -- view --------------------------------------------------------------------------------
 
     def refresh(self) -> FleetView:
+        # One observation at a time: the refresher and an operation's end both refresh, and a
+        # slower observation begun earlier must not replace a newer one (a scale-down's removed
+        # instances would briefly come back).
+        with self._refresh_lock:
+            return self._observe()
+
+    def _observe(self) -> FleetView:
         try:
             view = FleetView(instances=tuple(self.fleet.observe()), observed_at=time.time(),
                              retired=tuple(retired_instances(self.fleet)))
