@@ -28,7 +28,7 @@ APT_PACKAGES := qemu-system-x86 qemu-utils libvirt-daemon-system libvirt-clients
 	pkg-config gcc dnsmasq-base xsltproc mmdebstrap e2fsprogs genisoimage \
 	postgresql-15 postgresql-client iproute2 openssh-server python3-venv python3-dev ca-certificates chromium prometheus
 
-.PHONY: help deps apt venv image vendor tools demo down test test-faults lint unit integration bench clean
+.PHONY: help deps apt venv constraints image vendor tools demo down test test-faults lint unit integration bench clean
 
 help:
 	@echo "make demo   - install, build the guest image, start a $(DEMO_HOSTS)-host sandbox, carve $(DEMO_INSTANCES) instances,"
@@ -53,12 +53,24 @@ apt:
 
 venv: $(VENV)/.installed
 
-$(VENV)/.installed: pyproject.toml
+# constraints.txt pins every Python package to the versions make test last passed with: a new
+# release of a linter or library changes nothing until `make constraints` moves the pins.
+$(VENV)/.installed: pyproject.toml constraints.txt
 	$(PYTHON) -c 'import sys; assert sys.version_info >= (3, 11), "pgcarve needs Python 3.11+"'
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q -e '.[dev]'
+	$(PY) -m pip install -q -c constraints.txt --upgrade pip
+	$(PY) -m pip install -q -c constraints.txt -e '.[dev]'
 	touch $@
+
+# The newest releases pyproject.toml allows, written to constraints.txt (then run make test).
+constraints:
+	rm -rf .venv-latest && $(PYTHON) -m venv .venv-latest
+	.venv-latest/bin/python -m pip install -q --upgrade pip
+	.venv-latest/bin/python -m pip install -q -e '.[dev]'
+	{ sed -n '1,2p' constraints.txt; .venv-latest/bin/python -m pip freeze --exclude-editable; \
+	  echo "pip==$$(.venv-latest/bin/python -m pip --version | cut -d' ' -f2)"; } > constraints.txt.new
+	mv constraints.txt.new constraints.txt && rm -rf .venv-latest
+	@git diff --stat constraints.txt 2>/dev/null || true
 
 vendor:
 	api/pgcarve_api/static/build-vendor.sh
