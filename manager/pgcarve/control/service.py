@@ -141,20 +141,17 @@ class ManagerService:
         # slower observation begun earlier must not replace a newer one (a scale-down's removed
         # instances would briefly come back).
         with self._refresh_lock:
-            return self._observe()
-
-    def _observe(self) -> FleetView:
-        try:
-            view = FleetView(instances=tuple(self.fleet.observe()), observed_at=time.time(),
-                             retired=tuple(retired_instances(self.fleet)))
-        except PgcarveError as exc:
-            log.error("could not observe the fleet: %s", exc)
+            try:
+                view = FleetView(instances=tuple(self.fleet.observe()), observed_at=time.time(),
+                                 retired=tuple(retired_instances(self.fleet)))
+            except PgcarveError as exc:
+                log.error("could not observe the fleet: %s", exc)
+                with self._view_lock:
+                    view = FleetView(self._view.instances, self._view.observed_at, error=str(exc),
+                                     retired=self._view.retired)
             with self._view_lock:
-                view = FleetView(self._view.instances, self._view.observed_at, error=str(exc),
-                                 retired=self._view.retired)
-        with self._view_lock:
-            self._view = view
-        return view
+                self._view = view
+            return view
 
     def _refresh_loop(self) -> None:
         while not self._stop.is_set():
