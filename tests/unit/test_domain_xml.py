@@ -5,7 +5,6 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-import libvirt
 import pytest
 from pgcarve.errors import ConfigError
 from pgcarve.virt.domain_xml import (
@@ -17,6 +16,8 @@ from pgcarve.virt.domain_xml import (
     vcpu_pins_from_xml,
 )
 from pgcarve.virt.host import LibvirtHost
+
+from tests.support.domains import TEST_URI, reset_test_driver
 
 GOLDEN = Path(__file__).resolve().parent.parent / "data" / "domain_xml"
 
@@ -63,7 +64,9 @@ def test_golden(case: str, regenerate: bool) -> None:
 
 @pytest.mark.parametrize("case", sorted(CASES))
 def test_libvirt_accepts_and_keeps_pinning(case: str) -> None:
-    conn = libvirt.open("test:///default")
+    # test:///default is shared by the whole process: a pgc-01 another test left there (kept alive
+    # by any connection not yet closed) would refuse this one's definition.
+    conn = reset_test_driver()
     try:
         s = CASES[case]
         dom = conn.defineXML(s.to_xml())
@@ -78,7 +81,8 @@ def test_libvirt_accepts_and_keeps_pinning(case: str) -> None:
 
 
 def test_metadata_round_trip_through_libvirt_host() -> None:
-    host = LibvirtHost("t", "test:///default")
+    keep_alive = reset_test_driver()
+    host = LibvirtHost("t", TEST_URI)
     conn = host.conn
     s = spec("pgc-03", vcpu_pins=(1,), emulator_cpus=(0,),
              metadata=InstanceMetadata(fleet="pgc", cluster="pgc-03", role="primary", index=3))
@@ -97,6 +101,7 @@ def test_metadata_round_trip_through_libvirt_host() -> None:
         assert [g for g in host.guests() if g.name == "pgc-03"] == []
     finally:
         host.close()
+        keep_alive.close()
 
 
 @pytest.mark.parametrize(
