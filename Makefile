@@ -34,7 +34,8 @@ help:
 	@echo "make demo   - install, build the guest image, start a $(DEMO_HOSTS)-host sandbox, carve $(DEMO_INSTANCES) instances,"
 	@echo "              run pgbench on each, leave the API and dashboard on http://127.0.0.1:$(API_PORT)/"
 	@echo "make down   - stop everything demo started (guests, API, sandbox daemons, namespaces)"
-	@echo "make test   - install, then lint, unit, integration (boots guests), browser and monitoring tests"
+	@echo "make test   - install, then two lanes: the tests that boot guests, and beside them lint, unit,"
+	@echo "              local PostgreSQL, browser and monitoring tests; ends with where the time went"
 	@echo "make test-faults - only the fault tests (primary/standby killed, disk full, restarts)"
 	@echo "make bench  - benchmarks (see README)"
 
@@ -55,11 +56,9 @@ venv: $(VENV)/.installed
 
 # constraints.txt pins every Python package to the versions make test last passed with: a new
 # release of a linter or library changes nothing until `make constraints` moves the pins.
+# They are installed from a wheel cache outside the clone, keyed by constraints.txt (dev/venv.sh).
 $(VENV)/.installed: pyproject.toml constraints.txt
-	$(PYTHON) -c 'import sys; assert sys.version_info >= (3, 11), "pgcarve needs Python 3.11+"'
-	test -x $(PY) || $(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install -q -c constraints.txt --upgrade pip
-	$(PY) -m pip install -q -c constraints.txt -e '.[dev]'
+	PYTHON=$(PYTHON) dev/venv.sh $(VENV)
 	touch $@
 
 # The newest releases pyproject.toml allows, written to constraints.txt (then run make test).
@@ -106,11 +105,12 @@ lint: venv
 unit: venv
 	$(PY) -m pytest tests/unit -q
 
-# The image build (~2 min) and lint run beside the tools' first build from the Go module proxy
-# (~6 min on 2 cores, which it does not keep busy); their output is interleaved by line.
-test: deps
-	@$(MAKE) --no-print-directory -j3 --output-sync=line image tools lint
-	$(PY) -m pytest tests -q --durations=15
+# Two lanes on two cores (tests/lanes.py): the guest image, then the tests that boot guests; beside
+# them, at a lower priority, the Terraform tools, lint, the unit tests and every test that needs no
+# guest. It ends with a table of where the time went. Set-up is timed here, before the lanes.
+test:
+	@started=$$(date +%s); $(MAKE) --no-print-directory deps && \
+	  PGCARVE_SETUP_S=$$(( $$(date +%s) - started )) $(PYTHON) tests/lanes.py
 
 # The fault tests alone (make test runs them too): their own sandbox, an instance, then the faults.
 test-faults: deps image

@@ -8,7 +8,9 @@
 #   terraform/tools/install.sh --rebuild  rebuild both binaries even if they are up to date
 #   terraform/tools/install.sh --repin    maintainers: regenerate terraform/tools/pins/
 # Environment:
-#   PGCARVE_TOOLS          output directory (default: <repo>/.tools, gitignored)
+#   PGCARVE_TOOLS          output directory (default: $PGCARVE_CACHE/tools, linked from <repo>/.tools)
+#   PGCARVE_CACHE          build caches shared by every clone on this machine (default:
+#                          /var/cache/pgcarve as root, else ~/.cache/pgcarve)
 #   PGCARVE_GO             a go binary to use instead of searching PATH
 #   PGCARVE_GO_TOOLCHAIN=1 build with the pinned fallback toolchain even if a usable go exists
 #
@@ -56,11 +58,15 @@
 #   GOFLAGS=-insecure, ...) are cleared; verification is never turned off. The provider's
 #   replace lines are read from its own (hash-verified) go.mod in the module cache, by --repin
 #   to write pins/provider-build.go.mod and on every build to check that the pins still match.
-#   The built binaries themselves are not checksummed: they are built locally.
+#   The built binaries are checksummed after their build (the stamp), to detect a cache that
+#   was damaged since; they are not compared with any upstream release.
 #
-# Idempotence: each binary has a stamp (version + hash of its pins); when the binary and its
-# stamp are current nothing is rebuilt and go is not even looked for. The terraformrc is
-# rewritten only when its content changes. Concurrent runs serialise on a lock file.
+# Idempotence: each binary has a stamp (version + hash of its pins + the sha256 of the binary
+# built); when the binary and its stamp are current nothing is rebuilt and go is not even looked
+# for. The tools live in a cache outside the clone, so a fresh clone on a machine that built them
+# once finds them: a stamp whose key differs (new pins, new recipe) means a rebuild, and so does a
+# binary whose sha256 is not the one recorded when it was built (a corrupt or replaced file).
+# The terraformrc is rewritten only when its content changes. Concurrent runs serialise on a lock file.
 set -euo pipefail
 
 TF_MODULE=github.com/hashicorp/terraform
@@ -91,9 +97,24 @@ case "${1:-}" in
   *) die "unknown argument: $1 (try --help)" ;;
 esac
 
-T=${PGCARVE_TOOLS:-$repo/.tools}
+if [[ -n ${PGCARVE_TOOLS:-} ]]; then
+  T=$PGCARVE_TOOLS
+else
+  if [[ -z ${PGCARVE_CACHE:-} ]]; then
+    if [[ $(id -u) == 0 ]]; then PGCARVE_CACHE=/var/cache/pgcarve; else PGCARVE_CACHE=${XDG_CACHE_HOME:-$HOME/.cache}/pgcarve; fi
+  fi
+  T=$PGCARVE_CACHE/tools
+fi
 mkdir -p "$T"
 T=$(cd -- "$T" && pwd -P)
+# <repo>/.tools names the cache, so README's paths and the tests find the tools in every clone.
+if [[ -z ${PGCARVE_TOOLS:-} && $T != "$repo/.tools" ]]; then
+  if [[ -L $repo/.tools || ! -e $repo/.tools ]]; then
+    ln -sfn -- "$T" "$repo/.tools"
+  else
+    log "note: $repo/.tools is a directory of an older build; the tools are now in $T"
+  fi
+fi
 
 if command -v flock >/dev/null 2>&1; then
   exec 9>"$T/.install.lock"
@@ -117,8 +138,17 @@ pins_hash() { cat "$@" | sha256sum | cut -c1-16; }
 tf_key=         # set once the pins are known to exist
 provider_key=
 
-is_current() { # binary stamp-file key
-  [[ -x $1 && -f $2 && "$(cat -- "$2")" == "$3" ]]
+binary_sum() { sha256sum -- "$1" | cut -d' ' -f1; }
+
+is_current() { # binary stamp-file key: built from these pins, and the very file that was built
+  [[ -x $1 && -f $2 ]] || return 1
+  local stamp
+  stamp=$(cat -- "$2")
+  [[ $stamp == "$3 sha256 "* ]] || return 1
+  if [[ ${stamp##* sha256 } != "$(binary_sum "$1")" ]]; then
+    log "$(basename -- "$1"): the cached binary does not match the checksum recorded when it was built; rebuilding"
+    return 1
+  fi
 }
 
 # ---------------------------------------------------------------------------------------
@@ -277,7 +307,7 @@ build_pinned() { # build_pinned NAME MODULE BINARY KEY: the module's main packag
   mkdir -p "$(dirname -- "$3")" "$stamps"
   (cd "$d" && go_ build -trimpath -ldflags='-s -w' -o "$3.tmp" "$2") || die "building $1 failed"
   mv -f -- "$3.tmp" "$3"
-  printf '%s\n' "$4" >"$stamps/$1"
+  printf '%s sha256 %s\n' "$4" "$(binary_sum "$3")" >"$stamps/$1"
 }
 
 build_terraform() {
@@ -308,7 +338,7 @@ build_provider() {
       -ldflags="-s -w -X $PROVIDER_MODULE/version.ProviderVersion=v$PROVIDER_VERSION" \
       -o "$provider_bin.tmp" "$PROVIDER_MODULE") || die "building the provider failed"
   mv -f -- "$provider_bin.tmp" "$provider_bin"
-  printf '%s\n' "$provider_key" >"$stamps/provider"
+  printf '%s sha256 %s\n' "$provider_key" "$(binary_sum "$provider_bin")" >"$stamps/provider"
 }
 
 write_terraformrc() {
