@@ -25,6 +25,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -45,8 +46,7 @@ from pgcarve.settings import Paths
 from pgcarve.virt.domain_xml import Disk, DomainSpec, InstanceMetadata, Nic
 from psycopg.conninfo import make_conninfo
 
-from tests.conftest import image_dir
-from tests.integration.conftest import free_port, wait_for
+from tests.integration.conftest import clean_sandbox, free_port, wait_for
 from tests.integration.writer import AckedWriter
 
 pytestmark = pytest.mark.integration
@@ -59,6 +59,7 @@ STATE_DIR = Path(os.environ.get("PGCARVE_IT_TERRAFORM_STATE", "/var/tmp/pgcarve-
 IMAGE_DIR = Path(os.environ.get("PGCARVE_IMAGE_DIR", "/var/lib/pgcarve/image"))
 TERRAFORM_TIMEOUT_S = 600  # an apply (uploads the image)
 TERRAFORM_READ_TIMEOUT_S = 60  # init, plan, output, destroy: 0.1-3 s normally (a hung provider is retried)
+TERRAFORM_SILENCE_S = 90  # no output this long: the provider's known hang (killed, run once more)
 TOKEN = "terraform-integration-token-" + "x" * 16
 HOSTS = ("h0", "h1", "h2")
 INSTANCE = "pgc-01"
@@ -70,8 +71,6 @@ def _why_not() -> str | None:
     missing = [t for t in (*REQUIRED_TOOLS, "xsltproc", "mkisofs") if shutil.which(t) is None]
     if missing:
         return f"missing {', '.join(missing)}: run `make deps`"
-    if not (TERRAFORM.exists() and TERRAFORMRC.exists()):
-        return f"{TERRAFORM} is not built: run `make tools`"
     if not (IMAGE_DIR / "image.tag").exists():
         return f"no guest image in {IMAGE_DIR}: run `make image` or set PGCARVE_IMAGE_DIR"
     return None
@@ -108,13 +107,9 @@ class World:
         # Its own session: a hung provider plugin is killed with Terraform, not left behind.
         child = subprocess.Popen([str(TERRAFORM), *args, "-no-color"], cwd=self.workdirs[host], env=self.env,
                                  stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
-        try:
-            out, err = child.communicate(timeout=budget)
-        except subprocess.TimeoutExpired:
-            os.killpg(child.pid, signal.SIGKILL)
-            out, err = child.communicate()
-            log(f"{host}: terraform {args[0]} still running after {budget} s (last output: "
-                f"{out.strip().splitlines()[-1:] or 'none'}); killed")
+        out, err, why = _watched(child, budget)
+        if why is not None:
+            log(f"{host}: terraform {args[0]} {why} (last output: {out.strip().splitlines()[-1:] or 'none'}); killed")
             if not again:
                 raise AssertionError(f"terraform {' '.join(args)} on {host} hung twice") from None
             # terraform-provider-libvirt 0.7.6 now and then never returns from reading a seed ISO
@@ -169,6 +164,40 @@ class World:
             return resp.json()
 
 
+def _watched(child: subprocess.Popen[str], budget_s: float) -> tuple[str, str, str | None]:
+    """Its stdout and stderr once `child` ends, and None; or, killed with its session, what it
+    printed and why: silent for TERRAFORM_SILENCE_S (Terraform reports a resource still being
+    created every 10 s, so a silent one is the provider's known hang, not a slow upload), or over
+    `budget_s` in all."""
+    chunks: dict[str, list[str]] = {"out": [], "err": []}
+    last_output = [time.monotonic()]
+
+    def pump(name: str, stream: Any) -> None:
+        for line in stream:
+            chunks[name].append(line)
+            last_output[0] = time.monotonic()
+
+    pumps = [threading.Thread(target=pump, args=(name, stream), daemon=True)
+             for name, stream in (("out", child.stdout), ("err", child.stderr))]
+    for thread in pumps:
+        thread.start()
+    started, why = time.monotonic(), None
+    while child.poll() is None:
+        now = time.monotonic()
+        if now - last_output[0] > TERRAFORM_SILENCE_S:
+            why = f"printed nothing for {TERRAFORM_SILENCE_S} s"
+        elif now - started > budget_s:
+            why = f"still running after {budget_s} s"
+        if why is not None:
+            os.killpg(child.pid, signal.SIGKILL)
+            child.wait()
+            break
+        time.sleep(0.5)
+    for thread in pumps:
+        thread.join(10)
+    return "".join(chunks["out"]), "".join(chunks["err"]), why
+
+
 def _healthy(url: str) -> bool:
     try:
         return httpx.get(f"{url}/healthz", timeout=2).status_code == 200
@@ -176,14 +205,20 @@ def _healthy(url: str) -> bool:
         return False
 
 
+def ensure_tools() -> None:
+    """Terraform and its provider, as `make tools` builds them: a no-op when they are current, a
+    wait while another process builds them (make test builds them beside the guest tests;
+    install.sh holds a lock meanwhile), else a build."""
+    subprocess.run([str(REPO / "terraform" / "tools" / "install.sh")], check=True, timeout=3600, stdout=sys.stderr)
+    assert TERRAFORM.exists() and TERRAFORMRC.exists(), f"{TERRAFORM} is not built: run `make tools`"
+
+
 @pytest.fixture(scope="module")
 def world(tmp_path_factory: pytest.TempPathFactory) -> Iterator[World]:
-    paths = Paths(STATE_DIR, image_dir())
-    sandbox = Sandbox(paths.sandbox_dir)
+    ensure_tools()
     # Start clean: a run killed half-way leaves its sandbox (ours alone: own state directory), and
     # an earlier run's synchronous-set records name guests that are gone.
-    sandbox.down()
-    shutil.rmtree(STATE_DIR / "sync", ignore_errors=True)
+    paths, sandbox = clean_sandbox(STATE_DIR)
     timings: dict[str, float] = {}
     started = time.monotonic()
     config = sandbox.up(3)
