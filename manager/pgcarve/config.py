@@ -83,6 +83,17 @@ class RecoveryPolicy(BaseModel):
         5, ge=1, le=600,
         description="a synchronous standby not streaming this long is replaced by a streaming one (commits wait "
                     "meanwhile: never acknowledged without a synchronous standby)")
+    sweep_interval_s: float = Field(
+        15, ge=0.5, le=3600,
+        description="how often the manager looks over every guest for faults that no libvirt event reported "
+                    "(a lost host, a standby that stopped streaming, a former primary to rejoin)")
+    retry_after_s: float = Field(
+        30, ge=0, le=3600,
+        description="a repair that failed is tried again this long after its last attempt, not on every sweep")
+    refollow_grace_s: float = Field(
+        60, ge=1, le=3600,
+        description="a standby pointed at a new primary that still receives nothing this long later is rewound "
+                    "(pg_rewind) instead of waiting longer")
 
 
 class HostConfig(BaseModel):

@@ -1,7 +1,9 @@
-"""Carving for real, in a 3-host sandbox: scale 0 -> 2 -> 1 -> 2 over HTTP, pinning read back
-through libvirt, SQL in every primary, synchronous standbys on other hosts, committed rows on the
-standby, the API's aggregate TPS against pgbench's, a scale-down that cannot catch up and lifts
-its fence, and scale-down retiring an instance and scale-up bringing the same database back.
+"""Carving for real, in a 3-host sandbox: scale 0 -> 1 -> 2 -> 1 -> 2 over HTTP (the manager killed
+and every libvirtd restarted while the second instance is built, under a writer on the first),
+pinning read back through libvirt, SQL in every primary, synchronous standbys on other hosts,
+committed rows on the standby, the API's aggregate TPS against pgbench's, a scale-down that
+cannot catch up and lifts its fence, and scale-down retiring an instance and scale-up bringing the
+same database back.
 test_connect.py uses the two instances left here, then purges one. Tests run in file order and
 share the booted guests."""
 
@@ -23,12 +25,15 @@ from pgcarve.control.fleet import Fleet, Guest
 from pgcarve.control.removal import leftovers
 from pgcarve.postgres.pgbench import run_pgbench, setup_transactions
 from pgcarve.postgres.session import CLIENT_DATABASE
+from pgcarve.sandbox.faults import SandboxFaults
 from pgcarve.sandbox.forward import ForwardRegistry
 from pgcarve.virt.host import LibvirtHost
 
 from tests.integration.conftest import IT_STATE, TOKEN, CarveEnv, wait_for, wait_operation
+from tests.support.faults import check_nothing_lost, fleet, writer_for
 
 pytestmark = pytest.mark.integration
+__all__ = ["fleet"]  # the fixture, imported for the tests below
 
 
 def fleet_of(env: CarveEnv) -> Fleet:
@@ -52,28 +57,132 @@ def test_refused_requests_change_nothing(carve_env: CarveEnv) -> None:
     assert leftovers(fleet_of(carve_env)) == []
 
 
-def test_scale_up_to_two_over_http(carve_env: CarveEnv) -> None:
-    with carve_env.client() as client:
-        resp = client.put("/v1/scale", json={"instances": 2})
-        assert resp.status_code == 202, resp.text
-        op = wait_operation(carve_env, resp.json()["operation"])
-        assert op["status"] == "succeeded", op["error"]
-
-        def streaming() -> list[dict[str, Any]] | None:
+def _streaming_instances(env: CarveEnv, count: int, timeout_s: float = 300) -> list[dict[str, Any]]:
+    """The instance documents once `count` instances each have both standbys streaming, one of them
+    synchronous."""
+    def streaming() -> list[dict[str, Any]] | None:
+        with env.client() as client:
             docs: list[dict[str, Any]] = client.get("/v1/instances").json()
-            ok = len(docs) == 2 and all(
-                any(s["sync_state"] == "sync" and s["state"] == "streaming" for s in d["standbys"]) for d in docs
-            )
-            return docs if ok else None
+        ok = len(docs) == count and all(
+            sum(s["state"] == "streaming" for s in d["standbys"]) == 2
+            and any(s["sync_state"] == "sync" and s["state"] == "streaming" for s in d["standbys"]) for d in docs
+        )
+        return docs if ok else None
 
-        docs = wait_for(streaming, "both instances to report a streaming sync standby", 300)
-    assert [d["name"] for d in docs] == ["pgc-01", "pgc-02"]
+    return list(wait_for(streaming, f"{count} instance(s) with both standbys streaming, one synchronous", timeout_s))
+
+
+def _check_layout(docs: list[dict[str, Any]]) -> None:
     for doc in docs:
         assert doc["state"] == "running" and doc["host"] == "h0"
         assert doc["dsn"].startswith("postgresql://pgcarve@127.0.0.1:")
         assert len(doc["standbys"]) == 2
         standby_hosts = {s["host"] for s in doc["standbys"]}
         assert standby_hosts == {"h1", "h2"}, "standbys must be on two other hosts"
+
+
+def test_scale_up_to_one_over_http(carve_env: CarveEnv) -> None:
+    with carve_env.client() as client:
+        resp = client.put("/v1/scale", json={"instances": 1})
+        assert resp.status_code == 202, resp.text
+        op = wait_operation(carve_env, resp.json()["operation"])
+        assert op["status"] == "succeeded", op["error"]
+    docs = _streaming_instances(carve_env, 1)
+    assert [d["name"] for d in docs] == ["pgc-01"]
+    _check_layout(docs)
+
+
+def test_scale_to_two_with_the_manager_killed_mid_build_and_libvirtd_restarted(carve_env: CarveEnv,
+                                                                               fleet: Fleet) -> None:
+    """pgc-01's writer runs while pgc-02 is built. The manager dies (failpoint: as kill -9 would)
+    once pgc-02's first standby replays; a client then commits a row there (the instance can
+    acknowledge commits, though it was not offered yet). Every libvirtd restarts, then the
+    manager: it keeps pgc-02 (never discards an instance that may hold an acknowledged commit),
+    removes only standbys still being built, and finishes the operation; pgc-01's writer loses
+    nothing, no CPU is given twice, no disk is orphaned. pgc-02 is built once in the whole suite:
+    the tests after this one use it."""
+    log_file = IT_STATE / "server.log"  # appended to by every server start: read only what follows
+    log_start = log_file.stat().st_size
+    failpoints = IT_STATE / "failpoints"
+    failpoints.mkdir(exist_ok=True)
+    for marker in failpoints.glob("*"):
+        marker.unlink()
+    carve_env.restart_server(extra_env={"PGCARVE_FAILPOINTS": "provisioning.standby_replaying",
+                                        "PGCARVE_FAILPOINT_DIR": str(failpoints)})
+    with writer_for(carve_env, fleet) as writer:
+        writer.wait_for_acks(20, 120, "writes before the fault")
+        with carve_env.client() as client:
+            resp = client.put("/v1/scale", json={"instances": 2})
+            assert resp.status_code == 202, resp.text
+            op_id = resp.json()["operation"]
+
+        def offered_too_early() -> bool:
+            """Until the manager stops: pgc-02 is never offered (no DSN) while being built."""
+            if carve_env.server.poll() is not None:
+                return True
+            try:
+                with carve_env.client() as client:
+                    docs = client.get("/v1/instances").json()
+            except Exception:
+                return False
+            for doc in docs:
+                if doc["name"] == "pgc-02":
+                    assert doc["dsn"] is None and doc["state"] == "creating", doc
+            return False
+
+        wait_for(offered_too_early, "the manager to stop at its failpoint while building pgc-02", 1200)
+        assert carve_env.server.wait(30) == 137
+        half = {g.name: g.creating for g in fleet.guests() if g.metadata.index == 2}
+        print("left by the killed manager (name: still marked creating):", half)
+        assert half.get("pgc-02") is False, "the primary loses its mark before any standby can clone from it"
+        primary = fleet.instance("pgc-02").primary
+        assert primary is not None
+        with fleet.connect(primary, database=CLIENT_DATABASE) as conn:
+            conn.execute("create table taken(note text)")
+            conn.execute("insert into taken values ('acknowledged while pgc-02 was being created')")
+        for index in range(3):
+            SandboxFaults(carve_env.sandbox).restart_libvirtd(f"h{index}")
+        carve_env.restart_server()
+        op = wait_operation(carve_env, op_id, 1200)
+        assert op["status"] == "succeeded", op
+        with log_file.open("rb") as f:
+            f.seek(log_start)
+            log = f.read().decode(errors="replace")
+        assert "half-made instance pgc-02" not in log, "pgc-02 may hold an acknowledged commit: never discarded"
+        assert "instance pgc-01 (" not in log, "the whole instance pgc-01 was taken for half-made"
+        # pgc-02's standbys removed half-built are built again by the HA loop, one synchronous.
+        docs = _streaming_instances(carve_env, 2, 1200)
+        writer.wait_for_acks(20, 300, "writes after the manager and libvirtd restarts")
+    assert [d["name"] for d in docs] == ["pgc-01", "pgc-02"]
+    _check_layout(docs)
+
+    def taken_rows() -> tuple[object, ...] | None:
+        primary = fleet.instance("pgc-02").primary
+        assert primary is not None
+        try:
+            with fleet.connect(primary, timeout_s=10, database=CLIENT_DATABASE) as conn:
+                return conn.execute("select count(*) from taken").fetchone()
+        except psycopg.OperationalError:  # under emulation, a primary its standbys just cloned from answers late
+            return None
+
+    assert wait_for(taken_rows, "pgc-02's primary to answer", 300) == (1,)
+    instances = fleet.observe()
+    assert [i.name for i in instances] == ["pgc-01", "pgc-02"]
+    for inst in instances:
+        assert inst.primary is not None and len(inst.standbys) == 2
+    guests = fleet.guests()
+    assert not [g.name for g in guests if g.creating]
+    by_host: dict[str, list[int]] = {}
+    for g in guests:
+        by_host.setdefault(g.host, []).extend(c for row in g.vcpu_pins for c in row)
+    for host, cpus in by_host.items():
+        assert len(cpus) == len(set(cpus)), f"a CPU of {host} is given twice: {sorted(cpus)}"
+    names = {g.name for g in guests}
+    volumes = [v for v in leftovers(fleet) if v.startswith("volume ")]
+    orphans = [v for v in volumes
+               if v.split()[1].removesuffix(".qcow2").removesuffix("-seed.iso") not in names]
+    assert orphans == [], orphans
+    check_nothing_lost(fleet, writer)
 
 
 def test_pinning_read_back_from_libvirt_is_disjoint(carve_env: CarveEnv) -> None:

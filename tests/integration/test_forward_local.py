@@ -95,13 +95,16 @@ def test_a_forward_refuses_while_its_target_is_down_and_keeps_its_port(
 
     target.stop()
     wait_until(lambda: refused(port), "the forward to refuse once its target is down")
-    # psql (libpq 15) takes the next host at once, as for any host that refuses.
-    both = f"host=127.0.0.1,127.0.0.1 port={port},{other.port} user=postgres dbname=postgres sslmode=disable"
+    # psql (libpq 15) takes the next host at once, as for any host that refuses. A forward that
+    # accepted and then said nothing would hold psql for the whole connect_timeout (20 s) first:
+    # the bound tells the two apart, with room for a loaded machine (psql takes ~0.1 s here).
+    both = (f"host=127.0.0.1,127.0.0.1 port={port},{other.port} user=postgres dbname=postgres sslmode=disable "
+            "connect_timeout=20")
     started = time.monotonic()
     done = subprocess.run(["psql", "-X", "-At", "-c", "select inet_server_port()", both],
-                          capture_output=True, text=True, timeout=30, check=False)
+                          capture_output=True, text=True, timeout=60, check=False)
     assert done.returncode == 0 and done.stdout.strip() == str(other.port), done.stderr
-    assert time.monotonic() - started < 5
+    assert time.monotonic() - started < 15
 
     target.start()
     target.wait_ready()

@@ -67,9 +67,15 @@ def test_alerts_fire_and_resolve_in_a_real_prometheus(monitored: Monitored, tmp_
         assert abs(fleet - sum(per.values())) <= 1e-6 * fleet, (fleet, per)
         hosts = {r["metric"]["host"] for r in prom.query("instance:pgcarve_client_statements:rate1m > 0")}
         assert hosts == {"h1"}
-        # (If a scrape of /metrics took over its 1 s timeout, PgcarveManagerDown is pending: the
-        # lowest `up` of the last minute says so.)
-        assert prom.alerts() == [], (prom.alerts(), prom.query('min_over_time(up{job="pgcarve"}[1m])'))
+        # A healthy fleet raises nothing. The one exception has its own cause: a scrape of /metrics
+        # that took over its 1 s timeout on a loaded machine (make test runs this beside booting
+        # guests) makes PgcarveManagerDown pending, and then `up` was 0 within the last minute.
+        alerts = prom.alerts()
+        assert [a for a in alerts if a["labels"]["alertname"] != "PgcarveManagerDown"] == [], alerts
+        if alerts:
+            lowest_up = prom.query('min_over_time(up{job="pgcarve"}[1m])')
+            assert lowest_up and float(lowest_up[0]["value"][1]) == 0, (alerts, lowest_up)
+            print("a scrape of /metrics timed out under load: PgcarveManagerDown", alerts[0]["state"])
 
         # 1. A primary stops (libvirt's test driver destroys the domain): PgcarveInstanceDown.
         t0 = time.monotonic()

@@ -112,10 +112,6 @@ class RepairResult:
         return any(step.guest == guest for step in self.steps)
 
 
-# A standby pointed at the primary that still receives nothing this long later is rewound.
-REFOLLOW_GRACE_S = 60.0
-
-
 class Repairer:
     """Repairs one instance at a time (the caller holds its lock: fleet.locks.exclusive)."""
 
@@ -361,7 +357,7 @@ class Repairer:
             followed_at = self._refollowed.get(guest.name)
             if followed_at is None:
                 work.append((refollow, (guest,)))
-            elif time.monotonic() - followed_at > REFOLLOW_GRACE_S:
+            elif time.monotonic() - followed_at > self.fleet.config.recovery.refollow_grace_s:
                 work.append((rewind, (guest, guest.info.metadata.standby)))
         lacking = ""
         if manager_may(Action.REBUILD, instance_creator(inst)):

@@ -84,16 +84,18 @@ REJOIN = "former primary to rejoin"
 
 
 class Supervisor:
-    def __init__(self, fleet: Fleet, on_change: Callable[[], None] = lambda: None, sweep_s: float = 15.0,
-                 retry_s: float = 30.0, view: Callable[[], Sequence[Instance]] | None = None):
+    def __init__(self, fleet: Fleet, on_change: Callable[[], None] = lambda: None, sweep_s: float | None = None,
+                 retry_s: float | None = None, view: Callable[[], Sequence[Instance]] | None = None):
+        """`sweep_s` and `retry_s` default to the hosts file's recovery.sweep_interval_s and
+        recovery.retry_after_s."""
         self.fleet = fleet
         self.repairer = Repairer(fleet, Provisioner(fleet))
         # What the sweep looks at: the service's view (refreshed every 2 s), else libvirt itself.
         self._view = view or (lambda: fleet.observe())
         self.watch = PrimaryWatch(fleet, self._view)
         self.on_change = on_change
-        self.sweep_s = sweep_s
-        self.retry_s = retry_s
+        self.sweep_s = fleet.config.recovery.sweep_interval_s if sweep_s is None else sweep_s
+        self.retry_s = fleet.config.recovery.retry_after_s if retry_s is None else retry_s
         self.counts: dict[str, int] = {}
         self.sweeps = 0
         self._ids = itertools.count(1)
