@@ -23,7 +23,7 @@ from pgcarve.cli.display import (
 from pgcarve.config import FleetConfig, load_fleet_config
 from pgcarve.control.capacity import check_capacity
 from pgcarve.control.fleet import Fleet
-from pgcarve.control.removal import discard_half_made, leftovers, remove_instance
+from pgcarve.control.removal import discard_half_made, instance_disk_mib, leftovers, remove_instance
 from pgcarve.control.retired import retired_doc, retired_instances
 from pgcarve.control.retirement import finish_interrupted, purge
 from pgcarve.errors import ConfigError, Conflict
@@ -100,20 +100,60 @@ def cmd_purge(args: argparse.Namespace, settings: Settings) -> int:
     return 0
 
 
+def _is_local_sandbox(settings: Settings, hosts_file: Path) -> bool:
+    """The hosts file is the one `pgcarve sandbox up` wrote on this machine, for a sandbox that runs."""
+    from pgcarve.sandbox.hosts import Sandbox
+
+    paths = settings.paths
+    return hosts_file.resolve() == paths.sandbox_hosts_file.resolve() and Sandbox(paths.sandbox_dir).is_up()
+
+
+def _bytes(mib: int) -> str:
+    size = mib * 1024 * 1024
+    return f"{size:,} bytes ({mib / 1024:.1f} GiB)" if mib >= 1024 else f"{size:,} bytes ({mib} MiB)"
+
+
 def cmd_down(args: argparse.Namespace, settings: Settings) -> int:
-    fleet = open_fleet(args, settings)
-    instances = fleet.observe(with_endpoints=False)
-    for inst in sorted(instances, key=lambda i: -i.index):
+    """Delete every instance of the fleet and its disks, retired ones too: only on the named fleet,
+    never while a manager serves it, and on hosts other than the local sandbox only with
+    --real-hosts. What goes is listed, in bytes, before anything is deleted."""
+    server = read_server(settings.paths)
+    if server is not None:
+        raise Conflict(f"nothing removed: a pgcarve server (pid {server['pid']}, {server['url']}) serves this "
+                       "fleet and would repair what down deletes; stop it first (`pgcarve server stop`)")
+    hosts_file = settings.hosts_file_path(args.hosts_file)
+    config = load_config(settings, args.hosts_file)
+    if not args.real_hosts and not _is_local_sandbox(settings, hosts_file):
+        raise ConfigError(f"nothing removed: {hosts_file} is not this machine's running sandbox (hosts "
+                          f"{', '.join(h.name for h in config.hosts)}); deleting every database on those hosts also "
+                          "needs --real-hosts")
+    fleet = Fleet(config, settings.paths, boot_timeout_s=settings.boot_timeout)
+    instances = sorted(fleet.observe(with_endpoints=False), key=lambda i: -i.index)
+    retired = retired_instances(fleet)
+    doomed = [(inst.name, "running", instance_disk_mib(fleet, inst)) for inst in instances]
+    doomed += [(r.name, "retired", r.disk_mib) for r in retired]
+    if doomed:
+        out.print(f"pgcarve down deletes these databases of fleet {config.fleet!r} for good, with their disks:")
+        for name, state, mib in doomed:
+            out.print(f"  {name:<12} {state:<8} {_bytes(mib)}")
+        out.print(f"  in all: {_bytes(sum(mib for _n, _s, mib in doomed))}")
+        confirm = args.confirm
+        if confirm is None and sys.stdin.isatty():
+            confirm = console.input(f"Type the fleet's name ({config.fleet}) to delete them: ").strip()
+        if confirm != config.fleet:
+            raise ConfigError(f"nothing removed: down deletes {len(doomed)} database(s) for good; repeat the "
+                              f"fleet's name with --confirm {config.fleet}")
+    for inst in instances:
         console.print(f"removing {inst.name} and its standbys")
         remove_instance(fleet, inst)
-    for retired in retired_instances(fleet):
-        console.print(f"deleting the kept disks of retired {retired.name}")
-        purge(fleet, retired.name)
+    for gone in retired:
+        console.print(f"deleting the kept disks of retired {gone.name}")
+        purge(fleet, gone.name)
     left = leftovers(fleet)
     if left:
         console.print(f"[red]left behind: {', '.join(left)}")
         return 1
-    out.print(f"removed {len(instances)} instance(s)")
+    out.print(f"removed {len(instances)} instance(s) and {len(retired)} retired one(s)")
     return 0
 
 

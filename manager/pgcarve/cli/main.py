@@ -3,7 +3,7 @@
     pgcarve sandbox up [--hosts N] | down | status | kill-guest NAME | restart-libvirtd HOST
     pgcarve up --instances N        create/keep N instances and wait until they accept SQL
     pgcarve status [--json]         instances, their pinned host CPUs, state and DSN
-    pgcarve down                    remove every instance of the fleet
+    pgcarve down --confirm FLEET    remove every instance of the fleet
     pgcarve plan --instances N      explain the CPU/NUMA plan (text, json or tfvars)
     pgcarve doctor                  check every host before a scale (exit 1 if a scale would fail)
     pgcarve load                    the experiment's insert load on every primary (pgbench)
@@ -61,7 +61,11 @@ def build_parser(settings: Settings) -> argparse.ArgumentParser:
     status.add_argument("--local", action="store_true", help="read libvirt directly even if a server runs")
     status.set_defaults(func=fleet_commands.cmd_status)
 
-    down = sub.add_parser("down", help="remove every instance of the fleet, retired ones too (their data goes too)")
+    down = sub.add_parser("down", help="remove every instance of the fleet, retired ones too (their data goes too); "
+                                       "refused while a server runs")
+    down.add_argument("--confirm", metavar="FLEET", help="the fleet's name (asked for on a terminal otherwise)")
+    down.add_argument("--real-hosts", action="store_true",
+                      help="needed when the hosts file is not this machine's running sandbox")
     down.set_defaults(func=fleet_commands.cmd_down)
 
     purge = sub.add_parser("purge", help="delete a retired instance's disks (its database) for good")

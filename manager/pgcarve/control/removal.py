@@ -45,6 +45,15 @@ def remove_instance(fleet: Fleet, instance: Instance) -> None:
     fleet.secrets.remove(instance.name)
 
 
+def instance_disk_mib(fleet: Fleet, instance: Instance) -> int:
+    """The space an instance's guests' disks and seeds take on their hosts now (MiB)."""
+    total = 0
+    for guest in instance.guests:
+        volumes = (disk_volume(guest.name), seed_volume(guest.name))
+        total += sum(fleet.hosts[guest.info.host].storage.allocations_mib(volumes).values())
+    return total
+
+
 def discard_instance(fleet: Fleet, index: int) -> None:
     """Remove whatever exists of instance `index`, wherever it is: guests and their volumes."""
     fleet_name = fleet.config.fleet
