@@ -102,7 +102,7 @@ class Run:
             print(f"[{elapsed // 60:3d}:{elapsed % 60:02d} {lane}] {text}", flush=True)
 
     def run_step(self, step: Step, stream: bool, niceness: int) -> None:
-        env = dict(os.environ, PGCARVE_TEST_TIMES=str(self.times_file))
+        env = dict(os.environ, PGCARVE_TEST_TIMES=str(self.times_file), PYTHONUNBUFFERED="1")
         step.cpu_before, step.started = cpu_counters(), time.monotonic()
         self.say(step.lane, f"{step.name}: started")
         step.log = OUTPUT / f"{step.name.replace(' ', '-')}.log"

@@ -170,7 +170,7 @@ _STOP_CARVE_ENV: list[Callable[[], None]] = []
 # The series' repair timers (hosts file, recovery.*): the manager looks over its guests and
 # retries a failed repair sooner than the production defaults (15 s, 30 s, 60 s), so that a test
 # waits for the repair itself rather than for the next sweep. The decisions are the same.
-SERIES_TIMERS = {"sweep_interval_s": 3, "retry_after_s": 5, "refollow_grace_s": 30}
+SERIES_TIMERS = {"sweep_interval_s": 5, "retry_after_s": 10, "refollow_grace_s": 30}
 
 
 def series_config(sandbox_config: FleetConfig) -> FleetConfig:

@@ -72,7 +72,9 @@ def test_no_answer_is_none_and_the_session_is_dropped(tmp_path: Path, monkeypatc
     local = watchdog.LocalSession()
     started = time.monotonic()
     assert local.ask() is None
-    assert time.monotonic() - started < timeout_s + 5, "ask() waited past its answer timeout"
+    # Well past the timeout, not close to it: make test runs this beside booting guests, at a
+    # lower priority, where starting and ending the stand-in psql alone can take seconds.
+    assert time.monotonic() - started < timeout_s + 20, "ask() waited past its answer timeout"
     assert local.proc is None
     assert local.ask() is None
     assert starts.read_text().count("started") == 2
