@@ -1,7 +1,8 @@
 """`python -m pgcarve_api` (what `pgcarve serve` runs): the API under uvicorn, recording where
 it listens in the state directory's server.json.
 
-Everything that can refuse a start (the token, the token file's mode, the fleet CA, the address,
+Everything that can refuse a start (a fleet whose guests run while the state directory lacks its
+admin password or CA, the token, the token file's mode, the fleet CA, the address,
 the TLS settings, PGCARVE_ALLOWED_HOSTS) is checked before the socket listens and before
 server.json is written. server.json records this process (PID, start time, boot:
 pgcarve.processes), so `pgcarve server stop` never signals a PID that is no longer this server;
@@ -15,6 +16,9 @@ import logging
 import sys
 
 import uvicorn
+from pgcarve.config import load_fleet_config
+from pgcarve.control.fleet import Fleet
+from pgcarve.control.state_check import check_state
 from pgcarve.errors import PgcarveError
 from pgcarve.processes import read_record, record_self, write_record
 
@@ -28,6 +32,11 @@ from pgcarve_api.settings import Settings
 def serve(settings: Settings) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     paths = settings.paths
+    fleet = Fleet(load_fleet_config(settings.hosts_file_path()), paths)
+    try:
+        check_state(fleet)  # before anything is made: the token, the CA, server.json
+    finally:
+        fleet.close()
     token, created = load_or_create_token(settings.token, paths.token_file)
     sock, listener = bind_listener(settings.bind, settings.port)
     try:

@@ -26,6 +26,7 @@ from pgcarve.control.fleet import Fleet
 from pgcarve.control.removal import discard_half_made, instance_disk_mib, leftovers, remove_instance
 from pgcarve.control.retired import retired_doc, retired_instances
 from pgcarve.control.retirement import finish_interrupted, purge
+from pgcarve.control.state_check import check_state
 from pgcarve.errors import ConfigError, Conflict
 from pgcarve.planning.planner import explain, plan_host, plan_to_dict
 from pgcarve.settings import Settings
@@ -53,6 +54,7 @@ def cmd_up(args: argparse.Namespace, settings: Settings) -> int:
         raise Conflict(f"a pgcarve server runs at {server['url']} and owns the fleet: "
                        f"use `pgcarve scale {args.instances}` instead")
     fleet = open_fleet(args, settings)
+    check_state(fleet)
     check_capacity(fleet, args.instances)
     for what in finish_interrupted(fleet):  # left by an earlier run that was killed
         out.print(f"{what}, left half-way by an interrupted run")
@@ -163,6 +165,7 @@ def cmd_plan(args: argparse.Namespace, settings: Settings) -> int:
     if args.format == "tfvars":
         from pgcarve.tfvars import render_tfvars
 
+        check_state(fleet)  # the seeds carry the admin password and the CA: never new ones over live guests
         if args.host is None and len(fleet.config.primary_hosts) != 1:
             raise ConfigError("--format tfvars describes one host: name it with --host")
         host = hosts[0] if args.host else fleet.config.primary_hosts[0]
