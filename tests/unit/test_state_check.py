@@ -18,8 +18,8 @@ from pgcarve.errors import ConfigError
 from pgcarve.settings import Paths
 
 from bench import simulated_hosts
-from tests.support.localpg import free_ports
 from tests.support import testdriver as td
+from tests.support.localpg import free_ports
 
 
 @pytest.fixture
