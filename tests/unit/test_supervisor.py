@@ -158,16 +158,17 @@ def test_lsn_order() -> None:
 
 
 @contextlib.contextmanager
-def failing_once(tmp_path: Path, policy: str, failure: PgcarveError) -> Iterator[tuple[Supervisor, list[int]]]:
-    """A supervisor over running pgc-01 that sweeps and retries every few milliseconds, whose
-    repairs raise `failure` the first time and find nothing to do after that; and the list of
-    repair attempts (instance indexes)."""
+def failing_once(tmp_path: Path, policy: str, failure: PgcarveError,
+                 retry_s: float = 0.1) -> Iterator[tuple[Supervisor, list[int]]]:
+    """A supervisor over running pgc-01 that sweeps every few milliseconds and retries after
+    `retry_s`, whose repairs raise `failure` the first time and find nothing to do after that;
+    and the list of repair attempts (instance indexes)."""
     conn = reset_test_driver()
     config = FleetConfig(hosts=[HostConfig(name="h1", uri=URI, role="primary")],
                          replication=Replication(standbys=0), recovery=RecoveryPolicy(primary=policy))
     fleet = Fleet(config, Paths(tmp_path))
     define(conn, 1)
-    supervisor = Supervisor(fleet, sweep_s=0.05, retry_s=0.1)
+    supervisor = Supervisor(fleet, sweep_s=0.05, retry_s=retry_s)
     attempts: list[int] = []
 
     def repair(index: int, policy: str, host_lost: bool = False, isolated: bool = False,
@@ -204,6 +205,27 @@ def test_a_failed_repair_is_tried_again_when_the_sweep_sees_nothing_wrong(tmp_pa
         incident = supervisor._record(1, "pgc-01-s1", "h1", "standby", "standby not streaming", "test",
                                       time.time(), "event")
         supervisor._schedule(1, [incident])
+        wait_recovered(incident)
+    assert attempts == [1, 1]
+
+
+def test_a_failed_repair_is_tried_again_at_once_when_a_lost_host_answers_again(tmp_path: Path) -> None:
+    """A repair that failed waits retry_s (an hour here) before it is tried again, unless a host
+    that did not answer answers again: what it failed on may be gone, so it is tried at once."""
+    failure = GuestNotReady("pgc-01 is 1 standby(s) short of 2: no host of its placement answers (h2 not answering)")
+    with failing_once(tmp_path, "restart", failure, retry_s=3600) as (supervisor, attempts):
+        incident = supervisor._record(1, "pgc-01-s1", "h1", "standby", "standby missing", "test", time.time(), "event")
+        supervisor._schedule(1, [incident])
+        deadline = time.monotonic() + 10
+        while incident.status != "failed":
+            assert time.monotonic() < deadline, incident
+            time.sleep(0.01)
+        time.sleep(0.5)  # ten sweeps: none of them retries within the hour
+        assert attempts == [1]
+        # The host was lost at the last listing and answers at this one (the fleet notices it
+        # while listing guests, as the service's refresh does every 2 s).
+        supervisor.fleet._unreachable["h1"] = (time.time() - 60, "test: it did not answer")
+        supervisor.fleet.guests()
         wait_recovered(incident)
     assert attempts == [1, 1]
 

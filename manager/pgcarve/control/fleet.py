@@ -113,6 +113,7 @@ class Fleet:
         self._topologies: dict[str, HostTopology] = {}
         self._last_seen: dict[str, list[GuestInfo]] = {}
         self._unreachable: dict[str, tuple[float, str]] = {}
+        self._answered_again_at = float("-inf")
         self._last_reach: dict[str, tuple[str | None, tuple[str, int] | None]] = {}
         self._guard = threading.Lock()
 
@@ -176,9 +177,16 @@ class Fleet:
             else:
                 with self._guard:
                     self._last_seen[name] = listed
-                    self._unreachable.pop(name, None)
+                    if self._unreachable.pop(name, None) is not None:
+                        self._answered_again_at = time.monotonic()
             found.extend(listed)
         return found
+
+    @property
+    def host_answered_again_at(self) -> float:
+        """When (monotonic) a host that did not answer last answered again; -inf if none has."""
+        with self._guard:
+            return self._answered_again_at
 
     def unreachable_hosts(self) -> dict[str, tuple[float, str]]:
         """Hosts whose libvirtd did not answer at the last listing: since when (wall clock), and why."""

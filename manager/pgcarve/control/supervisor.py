@@ -225,7 +225,10 @@ class Supervisor:
                 if left:
                     self._left_to_owner[inst.index] = left
                 pending = self._pending.get(inst.index)
-                recent = time.monotonic() - self._last_attempt.get(inst.index, -1e9) < self.retry_s
+                # A repair that failed waits retry_s before it is tried again, unless a host that
+                # did not answer (what most repairs fail on) has answered since: then at once.
+                last = self._last_attempt.get(inst.index, -1e9)
+                recent = time.monotonic() - last < self.retry_s and self.fleet.host_answered_again_at < last
             if not problems and inst.name not in failed:
                 continue
             if pending is not None or recent:
