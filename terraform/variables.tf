@@ -222,7 +222,7 @@ variable "seeds" {
     meta_data = string
     user_data = string
   }))
-  description = "NoCloud seed per instance name: user_data (\"#cloud-config\" then JSON carrying /etc/pgcarve/instance.json with SCRAM verifiers, no plaintext password, and the guest's TLS key and certificate) and meta_data (JSON), rendered by pgcarve with the fleet's and the instance's credentials. Read by the guest on first boot only: later changes are ignored (replace the guest to re-seed it)."
+  description = "NoCloud seed per instance name: user_data (\"#cloud-config\" then JSON carrying /etc/pgcarve/instance.json with SCRAM verifiers for the roles, the guest's TLS key and certificate, and on a standby its instance's replication password in clear, which it logs in to its primary with: keep the variables file 0600) and meta_data (JSON), rendered by pgcarve with the fleet's and the instance's credentials. Read by the guest on first boot only: later changes are ignored (replace the guest to re-seed it)."
   sensitive   = true
 
   validation {
