@@ -79,3 +79,14 @@ def test_serve_refuses_before_it_makes_a_token_or_listens(fleet: Fleet, tmp_path
     assert "the API server did not start" in err and "admin password" in err, err
     assert not fleet.paths.secrets_file.exists() and not fleet.paths.token_file.exists()
     assert not fleet.paths.server_file.exists()
+
+
+def test_a_passwords_file_others_can_read_stops_the_start(fleet: Fleet) -> None:
+    Scaler(fleet, provisioner=Provisioner(fleet, ready=td.accepts_sql_at_once(fleet))).scale(1)
+    for path in (fleet.paths.secrets_file, *fleet.paths.instance_secrets_dir.glob("*.json")):
+        assert path.stat().st_mode & 0o777 == 0o600, path
+        path.chmod(0o644)
+        with pytest.raises(ConfigError, match=r"chmod 600"):
+            check_state(fleet)
+        path.chmod(0o600)
+    check_state(fleet)

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from pgcarve.control.fleet import Fleet
 from pgcarve.errors import ConfigError
+from pgcarve.guest.tls import check_private_file
 
 
 def missing_state(fleet: Fleet) -> list[str]:
@@ -24,9 +25,20 @@ def missing_state(fleet: Fleet) -> list[str]:
     return missing
 
 
+def check_secret_files(fleet: Fleet) -> None:
+    """ConfigError if a file holding the fleet's or an instance's passwords can be read by group or
+    others (they are written 0600 whatever the umask; a looser one was changed since, or copied)."""
+    files = [fleet.paths.secrets_file, *sorted(fleet.paths.instance_secrets_dir.glob("*.json"))]
+    for path in files:
+        if path.exists():
+            check_private_file(path, "the passwords file")
+
+
 def check_state(fleet: Fleet) -> None:
-    """ConfigError if guests of the fleet exist while the state directory lacks what they depend
-    on; nothing is made or changed. A fleet without guests may start from an empty directory."""
+    """ConfigError if a secrets file is readable by others, or if guests of the fleet exist while
+    the state directory lacks what they depend on; nothing is made or changed. A fleet without
+    guests may start from an empty directory."""
+    check_secret_files(fleet)
     missing = missing_state(fleet)
     if not missing:
         return

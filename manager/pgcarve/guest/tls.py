@@ -186,12 +186,13 @@ def _write_public(path: Path, data: bytes) -> None:
 
 
 def check_private_file(path: Path, what: str) -> None:
-    """ConfigError if a private key file can be read or written by group or others."""
+    """ConfigError if a file holding a secret (a private key, passwords) can be read or written by
+    group or others."""
     mode = path.stat().st_mode & 0o777
     if mode & 0o077:
         raise ConfigError(f"{what} {path} has mode {mode:04o}: group or others can read or write it. "
                           f"Run `chmod 600 {path}` (and consider whether someone copied it); pgcarve will "
-                          "not use a private key others can read")
+                          "not use a secret others can read")
 
 
 class FleetCA:
