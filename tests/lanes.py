@@ -188,11 +188,11 @@ def report(steps: list[Step], run: Run, cpu_start: list[int], setup_s: float) ->
     local_dirs: dict[str, float] = {}
     for module, seconds, _before, _after in module_rows(run.times_file):
         if "_local" in module or not module.startswith("tests/integration/"):
-            directory = "integration (local PostgreSQL)" if module.startswith("tests/integration/") \
+            directory = "local PostgreSQL" if module.startswith("tests/integration/") \
                 else module.split("/")[1]
             local_dirs[directory] = local_dirs.get(directory, 0.0) + seconds
     for directory, seconds in local_dirs.items():
-        print(f"  {'of the local lane: ' + directory:<42} {'':<7} {seconds:6.0f}s")
+        print(f"  {'local lane, ' + directory:<42} {'':<7} {seconds:6.0f}s")
     print(f"{'whole run (lanes side by side)':<44} {'':<7} {wall + setup_s:6.0f}s  {cpu_share(cpu_start, cpu_end)}")
     totals = [0, 0, 0]
     for step in steps:
