@@ -106,7 +106,7 @@ unit: venv
 	$(PY) -m pytest tests/unit -q
 
 # Two lanes on two cores (tests/lanes.py): the guest image, then the tests that boot guests; beside
-# them, at a lower priority, the Terraform tools, lint, the unit tests and every test that needs no
+# them, at a lower priority, lint, the unit tests, the Terraform tools and every test that needs no
 # guest. It ends with a table of where the time went. Set-up is timed here, before the lanes.
 test:
 	@started=$$(date +%s); $(MAKE) --no-print-directory deps && \

@@ -2,10 +2,11 @@
 
 The guest lane builds (or finds) the guest image, then runs the tests that boot guests, in one
 pytest process so that they share their fleets. The local lane, at a lower CPU priority so that
-booting guests go first, builds (or finds) the Terraform tools, runs lint and the unit tests (a
-failure there is printed within minutes, not after the fleets), then every other test that needs
-no guest: local PostgreSQL servers, the dashboard in Chromium, Prometheus. Neither lane waits for
-the other; the run fails if any step failed.
+booting guests go first, runs lint and the unit tests (a failure there is printed within minutes,
+not after the fleets), builds (or finds) the Terraform tools, then runs every other test that
+needs no guest: the Terraform module's, local PostgreSQL servers, the dashboard in Chromium,
+Prometheus. Neither lane waits for the other (the Terraform integration test waits for the tools
+if they are still being built); the run fails if any step failed.
 
 The guest lane's output is streamed as it comes; each local step's output goes to a log file
 under tests/output/ and is printed in full when the step fails. At the end: one row per step
@@ -82,14 +83,19 @@ def guest_lane() -> list[Step]:
     ]
 
 
+# The unit tests of the Terraform module run its terraform and tflint: after the tools' build,
+# which takes minutes on a machine that never built them, so the other unit tests go first.
+NEEDS_TOOLS = "tests/unit/test_tfvars.py"
+
+
 def local_lane() -> list[Step]:
     return [
-        Step("tools", ["make", "--no-print-directory", "tools"], "local"),
         Step("lint", ["make", "--no-print-directory", "lint"], "local"),
-        pytest_step("unit tests", "local", ["tests/unit", "-q"]),
+        pytest_step("unit tests", "local", ["tests/unit", "-q", f"--ignore={NEEDS_TOOLS}"]),
+        Step("tools", ["make", "--no-print-directory", "tools"], "local"),
         pytest_step("local tests", "local",
-                    ["tests/integration", "tests/browser", "tests/monitoring", "-m", "not integration", "-q",
-                     "--durations=10"]),
+                    [NEEDS_TOOLS, "tests/integration", "tests/browser", "tests/monitoring", "-m", "not integration",
+                     "-q", "--durations=10"]),
     ]
 
 
@@ -131,7 +137,7 @@ class Run:
     def run_lane(self, steps: list[Step], stream: bool, niceness: int) -> None:
         for step in steps:
             self.run_step(step, stream, niceness)
-            if step.returncode != 0 and step.junit is None:
+            if step.returncode != 0 and step.name in ("image", "tools"):
                 # A failed build leaves nothing to test: the lane's tests are reported as not run.
                 self.say(step.lane, f"{step.name} failed: the rest of this lane is not run")
                 return
