@@ -13,32 +13,23 @@ import yaml
 from pgcarve.cli import fleet_commands
 from pgcarve.cli.main import main
 from pgcarve.control.fleet import Fleet
-from pgcarve.control.provisioning import Provisioner
-from pgcarve.control.scaler import Scaler
 from pgcarve.processes import record_self, write_record
-from pgcarve.settings import Paths
 
-from bench import simulated_hosts
-from tests.support import testdriver as td
+from tests.unit.simulated import one_host_fleet, scaler_of
 
 
 @pytest.fixture
 def fleet_of_two(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[tuple[Fleet, Path]]:
     """Two instances, one of them retired, on one test-driver host; the hosts file that names it,
     and the CLI's state directory pointed at the same place."""
-    hosts = simulated_hosts
-    td_file = hosts.ensure_fixture(hosts.TESTDRIVER_FILE, hosts.testdriver_xml())
-    caps = hosts.ensure_fixture(hosts.CAPABILITIES_FILE, hosts.capabilities_xml()).read_text()
-    config = hosts.testdriver_config(1, f"test://{td_file.resolve()}")
-    paths = Paths(tmp_path / "state", image_dir=td.stand_in_image(tmp_path / "image"))
-    fleet = td.testdriver_fleet(config, paths, caps)
-    scaler = Scaler(fleet, provisioner=Provisioner(fleet, ready=td.accepts_sql_at_once(fleet)))
+    fleet = one_host_fleet(tmp_path)
+    scaler = scaler_of(fleet)
     scaler.scale(2)
     scaler.scale(1)  # the second one retired: its disks kept
     hosts_file = tmp_path / "hosts.yaml"
-    hosts_file.write_text(yaml.safe_dump(config.model_dump(mode="json")))
-    monkeypatch.setenv("PGCARVE_STATE_DIR", str(paths.state_dir))
-    monkeypatch.setenv("PGCARVE_IMAGE_DIR", str(paths.image_dir))
+    hosts_file.write_text(yaml.safe_dump(fleet.config.model_dump(mode="json")))
+    monkeypatch.setenv("PGCARVE_STATE_DIR", str(fleet.paths.state_dir))
+    monkeypatch.setenv("PGCARVE_IMAGE_DIR", str(fleet.paths.image_dir))
     # A test:///FILE connection is a host of its own: the command must see this one.
     monkeypatch.setattr(fleet_commands, "Fleet", lambda *_args, **_kwargs: fleet)
     yield fleet, hosts_file

@@ -12,7 +12,6 @@ from pathlib import Path
 import pytest
 from fastapi.testclient import TestClient
 from pgcarve.control.fleet import Fleet
-from pgcarve.control.provisioning import Provisioner
 from pgcarve.control.removal import discard_half_made, leftovers
 from pgcarve.control.retired import parse_marker, retired_instances
 from pgcarve.control.retirement import finish_interrupted, purge
@@ -21,9 +20,9 @@ from pgcarve.control.service import ManagerService
 from pgcarve.errors import CapacityError, Conflict, NotFound, PgcarveError
 from pgcarve.settings import Paths
 
-from bench import simulated_hosts
 from tests.support import testdriver as td
 from tests.support.api import app_for
+from tests.unit.simulated import one_host_fleet, scaler_of
 
 TOKEN = "retirement-test-token-0123456789abcdef"
 AUTH = {"Authorization": f"Bearer {TOKEN}"}
@@ -43,14 +42,8 @@ class World:
 
 
 def _world(tmp_path: Path) -> World:
-    # (modules, not names: pytest would collect the testdriver_* functions as tests)
-    hosts = simulated_hosts
-    td_file = hosts.ensure_fixture(hosts.TESTDRIVER_FILE, hosts.testdriver_xml())
-    caps = hosts.ensure_fixture(hosts.CAPABILITIES_FILE, hosts.capabilities_xml()).read_text()
-    config = hosts.testdriver_config(1, f"test://{td_file.resolve()}")
-    paths = Paths(tmp_path / "state", image_dir=td.stand_in_image(tmp_path / "image"))
-    fleet = td.testdriver_fleet(config, paths, caps)
-    return World(fleet, Scaler(fleet, provisioner=Provisioner(fleet, ready=td.accepts_sql_at_once(fleet))), paths)
+    fleet = one_host_fleet(tmp_path)
+    return World(fleet, scaler_of(fleet), fleet.paths)
 
 
 @pytest.fixture

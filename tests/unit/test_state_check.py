@@ -11,39 +11,30 @@ from pathlib import Path
 import pytest
 import yaml
 from pgcarve.control.fleet import Fleet
-from pgcarve.control.provisioning import Provisioner
-from pgcarve.control.scaler import Scaler
 from pgcarve.control.state_check import check_state
 from pgcarve.errors import ConfigError
-from pgcarve.settings import Paths
 
-from bench import simulated_hosts
-from tests.support import testdriver as td
 from tests.support.localpg import free_ports
+from tests.unit.simulated import one_host_fleet, scaler_of
 
 
 @pytest.fixture
 def fleet(tmp_path: Path) -> Iterator[Fleet]:
-    hosts = simulated_hosts
-    td_file = hosts.ensure_fixture(hosts.TESTDRIVER_FILE, hosts.testdriver_xml())
-    caps = hosts.ensure_fixture(hosts.CAPABILITIES_FILE, hosts.capabilities_xml()).read_text()
-    config = hosts.testdriver_config(1, f"test://{td_file.resolve()}")
-    paths = Paths(tmp_path / "state", image_dir=td.stand_in_image(tmp_path / "image"))
-    f = td.testdriver_fleet(config, paths, caps)
+    f = one_host_fleet(tmp_path)
     yield f
     f.close()
 
 
 def test_an_empty_fleet_starts_from_an_empty_state_directory(fleet: Fleet) -> None:
     check_state(fleet)  # nothing to lock out: a new fleet makes its secrets on first use
-    Scaler(fleet, provisioner=Provisioner(fleet, ready=td.accepts_sql_at_once(fleet))).scale(1)
+    scaler_of(fleet).scale(1)
     assert fleet.paths.secrets_file.exists() and fleet.ca.cert_file.exists()
     check_state(fleet)
 
 
 @pytest.mark.parametrize("lost", ["secrets", "ca", "both"])
 def test_guests_without_their_secrets_refuse_and_make_nothing(fleet: Fleet, lost: str) -> None:
-    Scaler(fleet, provisioner=Provisioner(fleet, ready=td.accepts_sql_at_once(fleet))).scale(1)
+    scaler_of(fleet).scale(1)
     if lost in ("secrets", "both"):
         fleet.paths.secrets_file.unlink()
     if lost in ("ca", "both"):
@@ -64,7 +55,7 @@ def test_serve_refuses_before_it_makes_a_token_or_listens(fleet: Fleet, tmp_path
                                                           capsys: pytest.CaptureFixture[str]) -> None:
     from pgcarve_api import server
 
-    Scaler(fleet, provisioner=Provisioner(fleet, ready=td.accepts_sql_at_once(fleet))).scale(1)
+    scaler_of(fleet).scale(1)
     fleet.paths.secrets_file.unlink()
     hosts_file = tmp_path / "hosts.yaml"
     hosts_file.write_text(yaml.safe_dump(fleet.config.model_dump(mode="json")))
@@ -82,7 +73,7 @@ def test_serve_refuses_before_it_makes_a_token_or_listens(fleet: Fleet, tmp_path
 
 
 def test_a_passwords_file_others_can_read_stops_the_start(fleet: Fleet) -> None:
-    Scaler(fleet, provisioner=Provisioner(fleet, ready=td.accepts_sql_at_once(fleet))).scale(1)
+    scaler_of(fleet).scale(1)
     for path in (fleet.paths.secrets_file, *fleet.paths.instance_secrets_dir.glob("*.json")):
         assert path.stat().st_mode & 0o777 == 0o600, path
         path.chmod(0o644)
