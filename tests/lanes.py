@@ -76,10 +76,10 @@ def pytest_step(name: str, lane: str, args: list[str]) -> Step:
 def guest_lane() -> list[Step]:
     return [
         Step("image", ["make", "--no-print-directory", "image"], "guests"),
-        # What the fault tests print (detection and recovery times, commits kept) is kept in the
-        # guest lane's report under tests/output/, not repeated in the log.
+        # What the tests print or log (detection and recovery times, commits kept, Terraform's
+        # commands) is kept in the guest lane's report under tests/output/, not repeated here.
         pytest_step("guest tests", "guests", ["tests/integration", "-m", "integration", "-v", "--durations=10",
-                                              "-o", "junit_logging=system-out"]),
+                                              "-o", "junit_logging=all"]),
     ]
 
 
