@@ -110,7 +110,7 @@ unit: venv
 # guest. It ends with a table of where the time went. Set-up is timed here, before the lanes.
 test:
 	@started=$$(date +%s); $(MAKE) --no-print-directory deps && \
-	  PGCARVE_SETUP_S=$$(( $$(date +%s) - started )) $(PYTHON) tests/lanes.py
+	  PGCARVE_SETUP_S=$$(( $$(date +%s) - started )) $(PYTHON) -m tests.lanes
 
 # The fault tests alone (make test runs them too): their own sandbox, an instance, then the faults.
 test-faults: deps image

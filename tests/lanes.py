@@ -13,7 +13,8 @@ under tests/output/ and is printed in full when the step fails. At the end: one 
 and per guest module with its wall time and the machine's CPU use (from /proc/stat), then a
 closing line with the counts of every pytest run.
 
-Standard library only: it runs with the system's python3 before the venv exists.
+Standard library only: it runs with the system's python3 (`python3 -m tests.lanes` from the
+repository) before the venv exists.
 """
 
 from __future__ import annotations
@@ -28,25 +29,12 @@ import xml.etree.ElementTree as ET
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from tests.support.cpu import cpu_counters, cpu_share
+
 REPO = Path(__file__).resolve().parents[1]
 OUTPUT = REPO / "tests" / "output"
 PY = str(REPO / ".venv" / "bin" / "python")
 LOCAL_NICENESS = 10
-
-
-def cpu_counters() -> list[int]:
-    with open("/proc/stat") as stat:
-        return [int(v) for v in stat.readline().split()[1:9]]
-
-
-def cpu_share(before: list[int], after: list[int]) -> str:
-    """The machine's CPU use between two /proc/stat readings: busy share, and user/system/steal."""
-    delta = [b - a for a, b in zip(before, after, strict=True)]
-    total = sum(delta) or 1
-    user, nice, system, idle, iowait, irq, softirq, steal = delta
-    busy = total - idle - iowait
-    return (f"{busy * 100 / total:3.0f}% busy (user {(user + nice) * 100 / total:.0f}, "
-            f"system {(system + irq + softirq) * 100 / total:.0f}, steal {steal * 100 / total:.0f})")
 
 
 @dataclass
@@ -65,6 +53,11 @@ class Step:
     @property
     def seconds(self) -> float:
         return self.ended - self.started
+
+    @property
+    def module_times(self) -> Path:
+        """Where its pytest run records each module's start and end (tests/support/timing.py)."""
+        return OUTPUT / f"{self.name.replace(' ', '-')}.modules.jsonl"
 
 
 def pytest_step(name: str, lane: str, args: list[str]) -> Step:
@@ -103,7 +96,6 @@ class Run:
     def __init__(self) -> None:
         self.t0 = time.monotonic()
         self.print_lock = threading.Lock()
-        self.times_file = OUTPUT / "module-times.jsonl"
 
     def say(self, lane: str, text: str) -> None:
         elapsed = int(time.monotonic() - self.t0)
@@ -111,7 +103,8 @@ class Run:
             print(f"[{elapsed // 60:3d}:{elapsed % 60:02d} {lane}] {text}", flush=True)
 
     def run_step(self, step: Step, stream: bool, niceness: int) -> None:
-        env = dict(os.environ, PGCARVE_TEST_TIMES=str(self.times_file), PYTHONUNBUFFERED="1")
+        step.module_times.unlink(missing_ok=True)
+        env = dict(os.environ, PGCARVE_TEST_TIMES=str(step.module_times), PYTHONUNBUFFERED="1")
         step.cpu_before, step.started = cpu_counters(), time.monotonic()
         self.say(step.lane, f"{step.name}: started")
         step.log = OUTPUT / f"{step.name.replace(' ', '-')}.log"
@@ -190,18 +183,17 @@ def report(steps: list[Step], run: Run, cpu_start: list[int], setup_s: float) ->
             print(f"{step.name:<44} {step.lane:<7} {'not run':>7}")
             continue
         print(f"{step.name:<44} {step.lane:<7} {step.seconds:6.0f}s  {cpu_share(step.cpu_before, step.cpu_after)}")
-        if step.name == "guest tests":
-            for module, seconds, before, after in module_rows(run.times_file):
-                if module.startswith("tests/integration/") and "_local" not in module:
-                    print(f"  {module.removeprefix('tests/'):<42} {'':<7} {seconds:6.0f}s  {cpu_share(before, after)}")
-    local_dirs: dict[str, float] = {}
-    for module, seconds, _before, _after in module_rows(run.times_file):
-        if "_local" in module or not module.startswith("tests/integration/"):
-            directory = "local PostgreSQL" if module.startswith("tests/integration/") \
-                else module.split("/")[1]
-            local_dirs[directory] = local_dirs.get(directory, 0.0) + seconds
-    for directory, seconds in local_dirs.items():
-        print(f"  {'local lane, ' + directory:<42} {'':<7} {seconds:6.0f}s")
+        rows = module_rows(step.module_times)
+        if step.lane == "guests":  # each module that boots guests on its own row
+            for module, seconds, before, after in rows:
+                print(f"  {module.removeprefix('tests/'):<42} {'':<7} {seconds:6.0f}s  {cpu_share(before, after)}")
+        else:  # the rest by directory
+            by_directory: dict[str, float] = {}
+            for module, seconds, _before, _after in rows:
+                directory = module.split("/")[1]
+                by_directory[directory] = by_directory.get(directory, 0.0) + seconds
+            for directory, seconds in by_directory.items():
+                print(f"  {'tests/' + directory:<42} {'':<7} {seconds:6.0f}s")
     print(f"{'whole run (lanes side by side)':<44} {'':<7} {wall + setup_s:6.0f}s  {cpu_share(cpu_start, cpu_end)}")
     totals = [0, 0, 0]
     for step in steps:
@@ -219,7 +211,6 @@ def report(steps: list[Step], run: Run, cpu_start: list[int], setup_s: float) ->
 def main() -> int:
     OUTPUT.mkdir(parents=True, exist_ok=True)
     run = Run()
-    run.times_file.unlink(missing_ok=True)
     setup_s = float(os.environ.get("PGCARVE_SETUP_S", "0"))
     cpu_start = cpu_counters()
     guests, local = guest_lane(), local_lane()

@@ -15,13 +15,7 @@ from pathlib import Path
 
 import pytest
 
-
-def cpu_counters() -> list[int]:
-    """The machine's aggregate CPU times from /proc/stat (user nice system idle iowait irq softirq
-    steal), in clock ticks."""
-    with open("/proc/stat") as stat:
-        fields = stat.readline().split()
-    return [int(v) for v in fields[1:9]]
+from tests.support.cpu import cpu_counters
 
 
 class ModuleClock:

@@ -123,13 +123,13 @@ def cmd_down(args: argparse.Namespace, settings: Settings) -> int:
     if server is not None:
         raise Conflict(f"nothing removed: a pgcarve server (pid {server['pid']}, {server['url']}) serves this "
                        "fleet and would repair what down deletes; stop it first (`pgcarve server stop`)")
+    fleet = open_fleet(args, settings)  # connects to nothing until asked
+    config = fleet.config
     hosts_file = settings.hosts_file_path(args.hosts_file)
-    config = load_config(settings, args.hosts_file)
     if not args.real_hosts and not _is_local_sandbox(settings, hosts_file):
         raise ConfigError(f"nothing removed: {hosts_file} is not this machine's running sandbox (hosts "
                           f"{', '.join(h.name for h in config.hosts)}); deleting every database on those hosts also "
                           "needs --real-hosts")
-    fleet = Fleet(config, settings.paths, boot_timeout_s=settings.boot_timeout)
     instances = sorted(fleet.observe(with_endpoints=False), key=lambda i: -i.index)
     retired = retired_instances(fleet)
     doomed = [(inst.name, "running", instance_disk_mib(fleet, inst)) for inst in instances]
