@@ -13,6 +13,7 @@ import yaml
 from pgcarve.control.fleet import Fleet
 from pgcarve.control.state_check import check_state
 from pgcarve.errors import ConfigError
+from pgcarve_api import server
 
 from tests.support.localpg import free_ports
 from tests.unit.simulated import one_host_fleet, scaler_of
@@ -53,8 +54,6 @@ def test_guests_without_their_secrets_refuse_and_make_nothing(fleet: Fleet, lost
 def test_serve_refuses_before_it_makes_a_token_or_listens(fleet: Fleet, tmp_path: Path,
                                                           monkeypatch: pytest.MonkeyPatch,
                                                           capsys: pytest.CaptureFixture[str]) -> None:
-    from pgcarve_api import server
-
     scaler_of(fleet).scale(1)
     fleet.paths.secrets_file.unlink()
     hosts_file = tmp_path / "hosts.yaml"
