@@ -1,12 +1,13 @@
 """`python -m pgcarve_api` (what `pgcarve serve` runs): the API under uvicorn, recording where
 it listens in the state directory's server.json.
 
-Everything that can refuse a start (a fleet whose guests run while the state directory lacks its
-admin password or CA, the token, the token file's mode, the fleet CA, the address,
-the TLS settings, PGCARVE_ALLOWED_HOSTS) is checked before the socket listens and before
-server.json is written. server.json records this process (PID, start time, boot:
-pgcarve.processes), so `pgcarve server stop` never signals a PID that is no longer this server;
-its `url` says https when the server speaks it, and `ca_file` what to verify it with.
+Everything that can refuse a start (another manager acting from this state directory, a fleet
+whose guests run while the state directory lacks its admin password or CA, the token, the token
+file's mode, the fleet CA, the address, the TLS settings, PGCARVE_ALLOWED_HOSTS) is checked
+before the socket listens and before server.json is written. server.json records this process
+(PID, start time, boot: pgcarve.processes), so `pgcarve server stop` never signals a PID that is
+no longer this server; its `url` says https when the server speaks it, and `ca_file` what to
+verify it with.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ import sys
 import uvicorn
 from pgcarve.config import load_fleet_config
 from pgcarve.control.fleet import Fleet
+from pgcarve.control.manager_lock import ManagerLock
 from pgcarve.control.state_check import check_state
 from pgcarve.errors import PgcarveError
 from pgcarve.processes import read_record, record_self, write_record
@@ -32,6 +34,10 @@ from pgcarve_api.settings import Settings
 def serve(settings: Settings) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     paths = settings.paths
+    # Before anything else: a second server on this state directory would fight the first over the
+    # same guests (discard what it builds, repair what it removes). Held until this process exits.
+    lock = ManagerLock(paths.state_dir, "pgcarve serve")
+    lock.acquire()
     fleet = Fleet(load_fleet_config(settings.hosts_file_path()), paths)
     try:
         check_state(fleet)  # before anything is made: the token, the CA, server.json
@@ -57,12 +63,14 @@ def serve(settings: Settings) -> int:
     names = app.state.server_names.all()
     write_record(paths.server_file, me, url=url, ca_file=str(tls.ca_file) if tls and tls.ca_file else None,
                  names=names)
+    lock.note(url=url)
     logging.getLogger("pgcarve.api").info("serving %s; names accepted in Host: %s", url, ", ".join(names))
     try:
         uvicorn.Server(config).run(sockets=[sock])
     finally:
         if read_record(paths.server_file)[0] == me:  # not a file another server wrote since
             paths.server_file.unlink(missing_ok=True)
+        lock.release()
     return 0
 
 

@@ -23,6 +23,7 @@ from pgcarve.cli.display import (
 from pgcarve.config import FleetConfig, load_fleet_config
 from pgcarve.control.capacity import check_capacity
 from pgcarve.control.fleet import Fleet
+from pgcarve.control.manager_lock import ManagerLock
 from pgcarve.control.removal import discard_half_made, instance_disk_mib, leftovers, remove_instance
 from pgcarve.control.retired import retired_doc, retired_instances
 from pgcarve.control.retirement import finish_interrupted, purge
@@ -53,16 +54,17 @@ def cmd_up(args: argparse.Namespace, settings: Settings) -> int:
     if server is not None:
         raise Conflict(f"a pgcarve server runs at {server['url']} and owns the fleet: "
                        f"use `pgcarve scale {args.instances}` instead")
-    fleet = open_fleet(args, settings)
-    check_state(fleet)
-    check_capacity(fleet, args.instances)
-    for what in finish_interrupted(fleet):  # left by an earlier run that was killed
-        out.print(f"{what}, left half-way by an interrupted run")
-    for what in discard_half_made(fleet):
-        out.print(f"removed {what}, left by an interrupted run")
-    with progress_display() as progress:
-        Scaler(fleet).scale(args.instances, ProgressBoard(progress))
-    print_status(fleet, fleet.observe())
+    with ManagerLock(settings.paths.state_dir, "pgcarve up"):  # a server started meanwhile waits for us
+        fleet = open_fleet(args, settings)
+        check_state(fleet)
+        check_capacity(fleet, args.instances)
+        for what in finish_interrupted(fleet):  # left by an earlier run that was killed
+            out.print(f"{what}, left half-way by an interrupted run")
+        for what in discard_half_made(fleet):
+            out.print(f"removed {what}, left by an interrupted run")
+        with progress_display() as progress:
+            Scaler(fleet).scale(args.instances, ProgressBoard(progress))
+        print_status(fleet, fleet.observe())
     return 0
 
 
@@ -97,7 +99,8 @@ def cmd_purge(args: argparse.Namespace, settings: Settings) -> int:
         done = ApiClient.for_settings(settings).delete(f"/v1/instances/{args.name}", confirm=confirm)
         out.print(f"purged {done['name']}: {done['purged_mib']} MiB of disks deleted ({', '.join(done['volumes'])})")
         return 0
-    retired = purge(open_fleet(args, settings), args.name)
+    with ManagerLock(settings.paths.state_dir, "pgcarve purge"):
+        retired = purge(open_fleet(args, settings), args.name)
     out.print(f"purged {retired.name}: {retired.disk_mib} MiB of disks deleted")
     return 0
 
@@ -123,6 +126,14 @@ def cmd_down(args: argparse.Namespace, settings: Settings) -> int:
     if server is not None:
         raise Conflict(f"nothing removed: a pgcarve server (pid {server['pid']}, {server['url']}) serves this "
                        "fleet and would repair what down deletes; stop it first (`pgcarve server stop`)")
+    try:
+        with ManagerLock(settings.paths.state_dir, "pgcarve down"):
+            return _down(args, settings)
+    except Conflict as exc:
+        raise Conflict(f"nothing removed: {exc}") from None
+
+
+def _down(args: argparse.Namespace, settings: Settings) -> int:
     fleet = open_fleet(args, settings)  # connects to nothing until asked
     config = fleet.config
     hosts_file = settings.hosts_file_path(args.hosts_file)
