@@ -14,6 +14,7 @@ Runs after test_carve.py, on its instance pgc-01 (primary on h0, standbys s1 on 
 
 from __future__ import annotations
 
+import json
 import time
 from pathlib import Path
 
@@ -33,6 +34,7 @@ from tests.support.faults import (
     check_nothing_lost,
     fleet,
     incidents_for,
+    pgcarve_cli,
     rw_endpoint,
     wait_recovered,
     wait_watching,
@@ -132,6 +134,9 @@ def test_primary_killed_is_restarted(carve_env: CarveEnv, fleet: Fleet, tmp_path
         recovered = wait_recovered(carve_env, INSTANCE, killed_at)
         assert recovered["action"] == "restart", recovered
         print(f"recovered {recovered['finished_at'] - killed_at:.1f} s after the kill: {recovered['message']}")
+        listed = pgcarve_cli("incidents", "--instance", INSTANCE, "--json")  # what an operator paged at night runs
+        assert listed.returncode == 0, listed.stderr
+        assert recovered["id"] in {i["id"] for i in json.loads(listed.stdout) if i["status"] == "recovered"}
         wait_whole(carve_env)
         prom.wait_for_no_alert("PgcarveInstanceDown", {"instance": INSTANCE}, timeout_s=120)
         print(f"PgcarveInstanceDown resolved {time.time() - killed_at:.1f} s after the kill")

@@ -11,6 +11,7 @@ primary rejoins as a standby (pg_rewind), its disk kept.
 
 from __future__ import annotations
 
+import re
 import threading
 import time
 from collections.abc import Iterator
@@ -24,7 +25,16 @@ from pgcarve.sandbox.faults import SandboxFaults
 from psycopg.conninfo import make_conninfo
 
 from tests.integration.conftest import IT_STATE, CarveEnv, wait_for, wait_operation
-from tests.support.faults import INSTANCE, api_get, check_nothing_lost, fleet, rw_endpoint, wait_whole, writer_for
+from tests.support.faults import (
+    INSTANCE,
+    api_get,
+    check_nothing_lost,
+    fleet,
+    pgcarve_cli,
+    rw_endpoint,
+    wait_whole,
+    writer_for,
+)
 
 pytestmark = pytest.mark.integration
 __all__ = ["fleet"]  # the fixture, imported for the tests below
@@ -72,22 +82,24 @@ def run_operation(env: CarveEnv, path: str, body: dict[str, object], timeout_s: 
 
 
 def test_switchover_under_a_writer(carve_env: CarveEnv, fleet: Fleet) -> None:
-    """The synchronous standby takes over with nothing lost; the pause is measured; the old
-    primary rejoins as a standby."""
+    """`pgcarve switchover` as an operator types it: the synchronous standby takes over with nothing
+    lost; the pause is measured; the old primary rejoins as a standby."""
     before = wait_whole(carve_env)
     sync = next(s["name"] for s in before["standbys"] if s["sync_state"] == "sync")
     with writer_for(carve_env, fleet) as writer:
         writer.wait_for_acks(50, 120, "writes before the switchover")
-        op = run_operation(carve_env, f"/v1/instances/{INSTANCE}/switchover", {})
-        assert op["status"] == "succeeded", op
-        result = op["result"]
-        print(f"switchover {before['host']} -> {result['host']}: writes paused {result['write_pause_s']:.1f} s; "
-              f"{op['message']}")
-        assert result["new_primary"] == sync and result["host"] != before["host"]
-        assert 0 < result["write_pause_s"] < 300
+        done = pgcarve_cli("switchover", INSTANCE, timeout_s=900)
+        assert done.returncode == 0, done.stdout + done.stderr
+        said = " ".join(done.stdout.split())
+        print(f"pgcarve switchover {INSTANCE}: {said}")
+        pause = re.search(r"writes paused ([0-9.]+) s", said)
+        assert pause is not None and f"new primary {sync} on" in said, said
+        assert 0 < float(pause.group(1)) < 300
+        after = instance_doc(carve_env)
+        assert after["host"] != before["host"]
         writer.wait_for_acks(50, 300, "writes after the switchover")
         doc = wait_whole(carve_env, 900)  # the old primary rejoined as a standby
-        assert doc["host"] == result["host"]
+        assert doc["host"] == after["host"]
     check_nothing_lost(fleet, writer)
     assert one_primary(fleet) == sync
 

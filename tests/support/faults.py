@@ -4,6 +4,9 @@ endpoint, waits for repairs."""
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 from collections.abc import Iterator
 from typing import Any
 
@@ -12,7 +15,7 @@ from pgcarve.control.fleet import Fleet
 from pgcarve.postgres.session import APP_DATABASE
 from psycopg.conninfo import make_conninfo
 
-from tests.integration.conftest import IT_STATE, CarveEnv, wait_for
+from tests.integration.conftest import IT_STATE, TOKEN, CarveEnv, wait_for
 from tests.integration.writer import AckedWriter
 
 INSTANCE = "pgc-01"
@@ -30,6 +33,14 @@ def api_get(env: CarveEnv, path: str) -> Any:
         resp = client.get(path)
         assert resp.status_code == 200, resp.text
         return resp.json()
+
+
+def pgcarve_cli(*args: str, timeout_s: float = 120) -> subprocess.CompletedProcess[str]:
+    """The command line as an operator runs it against the series' server (found through its
+    server.json in the state directory)."""
+    env = dict(os.environ, PGCARVE_STATE_DIR=str(IT_STATE), PGCARVE_TOKEN=TOKEN)
+    return subprocess.run([sys.executable, "-m", "pgcarve.cli", *args], env=env, capture_output=True, text=True,
+                          timeout=timeout_s, check=False)
 
 
 def rw_endpoint(env: CarveEnv) -> str:

@@ -1,5 +1,5 @@
-"""The one small HTTP client every API-calling command uses (scale, status, load, server, connect,
-dsn, service-file)."""
+"""The one small HTTP client every API-calling command uses (scale, switchover, failover, incidents,
+status, load, server, connect, dsn, service-file)."""
 
 from __future__ import annotations
 
@@ -106,6 +106,10 @@ class ApiClient:
     def put(self, path: str, body: dict[str, Any]) -> Any:
         return self._check(httpx.put(f"{self.url}{path}", json=body, headers=self.headers, timeout=self.timeout_s,
                                      verify=self.verify))
+
+    def post(self, path: str, body: dict[str, Any]) -> Any:
+        return self._check(httpx.post(f"{self.url}{path}", json=body, headers=self.headers, timeout=self.timeout_s,
+                                      verify=self.verify))
 
     def delete(self, path: str, **params: Any) -> Any:
         return self._check(httpx.delete(f"{self.url}{path}", params=params, headers=self.headers,

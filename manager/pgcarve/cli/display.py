@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Sequence
 from typing import Any
 
@@ -10,6 +11,7 @@ from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
+from pgcarve.cli.client import ApiClient
 from pgcarve.control.fleet import Fleet, Instance
 from pgcarve.control.retired import RetiredInstance, retired_doc
 
@@ -42,6 +44,18 @@ def progress_display() -> Progress:
         console=console,
         transient=False,
     )
+
+
+def follow_operation(client: ApiClient, op_id: str, title: str) -> dict[str, Any]:
+    """Show an API operation's progress as one bar until it succeeds or fails; its last document."""
+    with progress_display() as progress:
+        task = progress.add_task(title, total=1.0, step="pending")
+        while True:
+            op: dict[str, Any] = client.get(f"/v1/operations/{op_id}")
+            progress.update(task, completed=op["progress"], step=op.get("message") or op["status"])
+            if op["status"] in ("succeeded", "failed"):
+                return op
+            time.sleep(0.5)
 
 
 def instance_rows(fleet: Fleet, instances: list[Instance]) -> list[dict[str, Any]]:

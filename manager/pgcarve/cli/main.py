@@ -8,6 +8,9 @@
     pgcarve doctor                  check every host before a scale (exit 1 if a scale would fail)
     pgcarve load                    the experiment's insert load on every primary (pgbench)
     pgcarve scale N                 ask the running API server to scale
+    pgcarve switchover NAME         hand the primary role to a standby (--to STANDBY), nothing lost
+    pgcarve failover NAME --to S    promote a standby by hand (--force: even if it may lack commits)
+    pgcarve incidents               faults noticed and what was done
     pgcarve connect NAME [--ro]     psql on an instance as its application role (via the API)
     pgcarve dsn NAME [--ro]         the instance's URI, which follows failover
     pgcarve service-file            pg_service.conf + .pgpass, for `psql service=NAME`
@@ -21,7 +24,14 @@ import argparse
 import sys
 from collections.abc import Callable
 
-from pgcarve.cli import connect_commands, doctor_commands, fleet_commands, sandbox_commands, server_commands
+from pgcarve.cli import (
+    connect_commands,
+    doctor_commands,
+    fleet_commands,
+    ha_commands,
+    sandbox_commands,
+    server_commands,
+)
 from pgcarve.cli.display import console
 from pgcarve.errors import (
     CapacityError,
@@ -94,6 +104,7 @@ def build_parser(settings: Settings) -> argparse.ArgumentParser:
     scale.add_argument("--no-wait", action="store_true")
     scale.set_defaults(func=server_commands.cmd_scale)
 
+    ha_commands.add_parsers(sub)
     connect_commands.add_parsers(sub)
 
     server = sub.add_parser("server", help="start/stop `pgcarve serve` in the background")

@@ -13,7 +13,7 @@ import sys
 import time
 
 from pgcarve.cli.client import ApiClient, ApiError, read_server, server_verify
-from pgcarve.cli.display import console, out, progress_display
+from pgcarve.cli.display import console, follow_operation, out
 from pgcarve.errors import PgcarveError
 from pgcarve.processes import ProcessStatus, read_record, stale_reason, stop
 from pgcarve.settings import Settings
@@ -92,14 +92,7 @@ def cmd_scale(args: argparse.Namespace, settings: Settings) -> int:
     if args.no_wait:
         out.print(f"operation {op_id} accepted")
         return 0
-    with progress_display() as progress:
-        task = progress.add_task(f"scale to {args.instances}", total=1.0, step="pending")
-        while True:
-            op = client.get(f"/v1/operations/{op_id}")
-            progress.update(task, completed=op["progress"], step=op.get("message") or op["status"])
-            if op["status"] in ("succeeded", "failed"):
-                break
-            time.sleep(0.5)
+    op = follow_operation(client, op_id, f"scale to {args.instances}")
     if op["status"] == "failed":
         console.print(f"[red]scale failed: {op['error']}")
         return 1
