@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -36,6 +36,7 @@ class CaseGroup:
     instances: int
     n: int
     cases: tuple[tuple[str, str], ...]
+    clients: int | None = None  # total pgbench clients of these cases (default: the LoadParams')
 
     @property
     def label(self) -> str:
@@ -70,17 +71,19 @@ def run_rounds(groups: Sequence[CaseGroup], paths: Paths, repeats: int, params: 
             say(f"round {round_no + 1}/{repeats}, {group.label}: creating {group.instances} instance(s) of "
                 f"{config.instance.vcpus} vCPU, {config.replication.standbys} standby(s)")
             finished: set[str] = set()
+            load = params if group.clients is None else replace(
+                params, clients=group.clients, threads=min(params.threads, group.clients))
             try:
                 with instances_up(config, paths, group.instances, record, progress, boot_timeout_s) as fleet:
                     if not found.guest:
                         first = next(i.primary for i in fleet.observe() if i.primary)
                         found.guest = guest_facts(fleet, first)
                     for key, case in group.cases:
-                        step(done, total, f"round {round_no + 1}/{repeats}: {key}, pgbench {params.seconds} s")
-                        settings = dict(params.pg_settings)
+                        step(done, total, f"round {round_no + 1}/{repeats}: {key}, pgbench {load.seconds} s")
+                        settings = dict(load.pg_settings)
                         if case == NO_REPLICA:
                             settings.setdefault("synchronous_commit", "local")
-                        result = run_case(case, fleet, group.n, params, settings, logdir, say)
+                        result = run_case(case, fleet, group.n, load, settings, logdir, say)
                         result.update(boot_s=record.get("boot_s"), fleet=config.fleet, round=round_no + 1,
                                       n=group.n, measured_at=time.strftime("%Y-%m-%dT%H:%M:%S%z"))
                         found.runs.setdefault(key, []).append(result)
