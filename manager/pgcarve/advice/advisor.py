@@ -115,7 +115,8 @@ def run_advice(fleet: Fleet, plan: AdvicePlan, say: Say = lambda _m: None,
         doc["cases"] = cases
         emulated = any(t != "kvm" for t in types.values())
         verdict = decide_from_cases({n: cases[f"{CARVED}-{n}"] for n in plan.ns if f"{CARVED}-{n}" in cases},
-                                    cases.get(SINGLE), plan.vcpus, emulated, cases.get(MULTI_INSTANCE))
+                                    cases.get(SINGLE), plan.vcpus, emulated, cases.get(MULTI_INSTANCE),
+                                    plan.single_vcpus, plan.clusters)
         doc["verdict"] = verdict.to_dict()
     finally:
         shutil.rmtree(logdir, ignore_errors=True)

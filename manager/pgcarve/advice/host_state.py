@@ -29,6 +29,6 @@ def differences(before: HostState, after: HostState) -> list[str]:
         for kind in ("guests", "volumes"):
             was = set(before.get(host, {}).get(kind, []))
             now = set(after.get(host, {}).get(kind, []))
-            found += [f"{host}: {kind[:-1]} {name} left behind" for name in sorted(now - was)]
-            found += [f"{host}: {kind[:-1]} {name} gone" for name in sorted(was - now)]
+            found += [f"{host}: {kind[:-1]} {name} added" for name in sorted(now - was)]
+            found += [f"{host}: {kind[:-1]} {name} removed" for name in sorted(was - now)]
     return found

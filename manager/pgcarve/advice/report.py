@@ -56,14 +56,16 @@ def versions_line(doc: Mapping[str, Any]) -> str:
     v = doc.get("versions", {})
     guest, host, image = v.get("guest", {}), v.get("host", {}), v.get("image", {})
     kernel = guest.get("kernel", "")
-    kernel = kernel.split()[2] if kernel.startswith("Linux version") else (kernel or image.get("KERNEL", "?"))
+    kernel = kernel.split()[2] if kernel.startswith("Linux version") else (kernel or image.get("kernel", "?"))
     libvirt = v.get("libvirt", {})
-    parts = [f"guest kernel {kernel}", f"guest {guest.get('postgresql') or image.get('POSTGRESQL', 'PostgreSQL ?')}",
+    # "PostgreSQL 15.20 (Debian ...) on x86_64-pc-linux-gnu, compiled by ...": the first two words
+    postgresql = " ".join((guest.get("postgresql") or f"PostgreSQL {image.get('postgresql', '?')}").split()[:2])
+    parts = [f"guest kernel {kernel}", f"guest {postgresql}",
              f"host kernel {host.get('kernel', '?')}"]
     if host.get("qemu"):
         parts.append(host["qemu"])
-    if libvirt:
-        parts.append("libvirt " + ", ".join(f"{k} {val}" for k, val in libvirt.items()))
+    if libvirt.get("libvirt"):
+        parts.append(f"libvirt {libvirt['libvirt']}")
     return "; ".join(parts)
 
 

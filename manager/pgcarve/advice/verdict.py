@@ -143,24 +143,29 @@ def evidence_clause(evidence: Evidence | None) -> str:
 
 
 def decide(carved: Mapping[int, Runs], single: Runs | None, vcpus: int = 1, emulated: bool = False,
-           multi_instance: Runs | None = None, evidence: Evidence | None = None) -> Verdict:
+           multi_instance: Runs | None = None, evidence: Evidence | None = None,
+           single_vcpus: int | None = None, clusters: int | None = None) -> Verdict:
     """The verdict from `carved` (runs per N guests of `vcpus` vCPUs each) against `single` (one
-    instance with all the vCPUs). The recommended N is the smallest whose runs reach the best
-    N's (more guests for the same TPS only cost memory and standbys)."""
+    instance with all the vCPUs: `single_vcpus`, default the largest N's) and `multi_instance`
+    (`clusters` PostgreSQL clusters in one guest, default the largest N). The recommended N is
+    the smallest whose runs reach the best N's (more guests for the same TPS only cost memory
+    and standbys)."""
     if not carved or single is None:
         return Verdict("none", "no verdict", "it needs both carved runs and the single instance's",
                        figures="", caveat=EMULATION_CAVEAT if emulated else None)
     best_n = max(carved, key=lambda n: (carved[n].median, -n))
+    single_vcpus = single_vcpus or max(carved) * vcpus
+    clusters = clusters or max(carved)
     best = carved[best_n]
     # Within the noise of the best; one guest of V vCPUs is no carving, so it is never recommended
     # in place of a best N above 1.
     rec_n = min(n for n, runs in carved.items() if n == best_n or (n > 1 and runs.overlaps(best)))
     rec = carved[rec_n]
     gain = rec.median / single.median if single.median else None
-    figures = (f"{rec_n} guest(s) of {vcpus} vCPU: {rec.describe()}; one instance of {best_n * vcpus} vCPUs: "
+    figures = (f"{rec_n} guest(s) of {vcpus} vCPU: {rec.describe()}; one instance of {single_vcpus} vCPUs: "
                f"{single.describe()}")
     if multi_instance is not None:
-        figures += f"; {best_n} clusters in one guest: {multi_instance.describe()}"
+        figures += f"; {clusters} clusters in one guest: {multi_instance.describe()}"
     clause = evidence_clause(evidence)
     base = Verdict("inconclusive", "", "", figures, vcpus_per_guest=vcpus, gain=round(gain, 3) if gain else None,
                    best_instances=best_n, caveat=EMULATION_CAVEAT if emulated else None)
@@ -177,7 +182,7 @@ def decide(carved: Mapping[int, Runs], single: Runs | None, vcpus: int = 1, emul
                        recommended_instances=rec_n, beyond_noise=True)
     if single.above(best):
         return replace(base, word="does not help",
-                       headline=f"carving does not help: one instance with all {best_n * vcpus} vCPUs is best "
+                       headline=f"carving does not help: one instance with all {single_vcpus} vCPUs is best "
                                 f"(the best carving, {best_n} guests, reached {best.median / single.median:.1f}x)",
                        reason=f"{clause}; carving does not remove it", recommended_instances=1, beyond_noise=True)
     return replace(base, headline=f"inconclusive: {best_n} guests vs one instance, {ratio}, within the noise",
@@ -195,12 +200,13 @@ def _helps_tail(n: int, rec: Runs, single: Runs, multi_instance: Runs | None) ->
 
 
 def decide_from_cases(carved: Mapping[int, Mapping[str, Any]], single: Mapping[str, Any] | None, vcpus: int,
-                      emulated: bool, multi_instance: Mapping[str, Any] | None = None) -> Verdict:
+                      emulated: bool, multi_instance: Mapping[str, Any] | None = None,
+                      single_vcpus: int | None = None, clusters: int | None = None) -> Verdict:
     """decide() on summarized case results (cases.summarize_runs); failed cases are left out."""
     carved_runs = {n: r for n, case in carved.items() if (r := runs_of(case)) is not None}
     return decide(carved_runs, runs_of(single) if single else None, vcpus, emulated,
                   runs_of(multi_instance) if multi_instance else None,
-                  Evidence.of(single) if single else None)
+                  Evidence.of(single) if single else None, single_vcpus, clusters)
 
 
 def ratios(base: Runs | None, others: Mapping[str, Runs | None]) -> dict[str, float]:

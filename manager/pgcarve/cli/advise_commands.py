@@ -77,7 +77,7 @@ def cmd_advise(args: argparse.Namespace, settings: Settings) -> int:
                 with lock:
                     bar.update(task, completed=done / total if total else 0.0, step=what)
 
-            doc = run_advice(fleet, plan, say=lambda m: bar.console.log(m, highlight=False), step=step)
+            doc = run_advice(fleet, plan, say=lambda m: bar.console.print(m, highlight=False), step=step)
     finally:
         fleet.close()
     if args.report:
