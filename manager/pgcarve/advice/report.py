@@ -156,10 +156,11 @@ def _svg_waits(rows: Sequence[Mapping[str, Any]]) -> str:
                          f'<title>{html.escape(r["case"])}: {cat} {share * 100:.0f}%</title></rect>')
             x += w
     legend_y = len(good) * row_h + 24
-    for j, cat in enumerate(WAIT_CATEGORIES):
-        lx = 10 + j * 64
+    lx = 10.0
+    for cat in WAIT_CATEGORIES:
         parts.append(f'<rect x="{lx}" y="{legend_y - 9}" width="10" height="10" fill="{WAIT_COLOURS[cat]}"/>'
                      f'<text x="{lx + 13}" y="{legend_y}" font-size="10">{html.escape(cat)}</text>')
+        lx += 24 + 6 * len(cat)  # room for the label at 10 px
     parts.append("</svg>")
     return "".join(parts)
 
