@@ -45,7 +45,7 @@ def test_requests_the_hosts_cannot_serve_are_refused_before_anything_is_queued(
 
 def test_runs_are_kept_with_their_report(api: tuple[TestClient, ManagerService]) -> None:
     client, service = api
-    assert service.operations.runners[KIND], "the advice runner is registered on the operation queue"
+    assert KIND in service.operations.runners, "the advice runner is registered on the operation queue"
     assert client.get("/v1/advice").json() == []
     assert client.get("/v1/advice/0123456789ab").status_code == 404
     assert client.get("/v1/advice/..%2Fsecrets").status_code == 404
