@@ -23,6 +23,7 @@ from tests.integration.conftest import clean_sandbox
 
 pytestmark = pytest.mark.integration
 
+OUTPUT = Path(__file__).resolve().parents[1] / "output"
 STATE_DIR = Path(os.environ.get("PGCARVE_IT_ADVISE_STATE", "/var/tmp/pgcarve-it-advise"))
 
 
@@ -41,14 +42,15 @@ def sandbox_hosts() -> Iterator[tuple[Paths, Path]]:
 
 
 def test_a_short_advice_reports_inconclusive_and_leaves_the_hosts_as_they_were(
-        sandbox_hosts: tuple[Paths, Path], tmp_path: Path) -> None:
+        sandbox_hosts: tuple[Paths, Path]) -> None:
     paths, hosts_file = sandbox_hosts
     fleet = Fleet(load_fleet_config(hosts_file), paths)
     try:
         before = host_state(fleet)
     finally:
         fleet.close()
-    report = tmp_path / "advice.html"
+    OUTPUT.mkdir(parents=True, exist_ok=True)  # kept for a look after the run (gitignored)
+    report = OUTPUT / "advice-sandbox.html"
     env = {**os.environ, "PGCARVE_STATE_DIR": str(paths.state_dir), "PGCARVE_IMAGE_DIR": str(image_dir())}
     run = subprocess.run(
         [sys.executable, "-m", "pgcarve.cli", "--hosts-file", str(hosts_file), "advise", "--max-instances", "2",
@@ -56,6 +58,7 @@ def test_a_short_advice_reports_inconclusive_and_leaves_the_hosts_as_they_were(
         capture_output=True, text=True, env=env, timeout=1500, check=False)
     assert run.returncode == 0, run.stderr[-4000:]
     doc = json.loads(run.stdout)
+    (OUTPUT / "advice-sandbox.json").write_text(json.dumps(doc, indent=1))
 
     assert doc["plan"]["instances"] == [1, 2] and doc["plan"]["single_vcpus"] == 2
     assert set(doc["cases"]) == {"carved-1", "carved-2", "single", "multi-instance"}
