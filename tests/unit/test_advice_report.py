@@ -46,13 +46,13 @@ def test_the_terminal_summary() -> None:
     text = render_text(recorded())
     assert "verdict: carving helps, 8 guests, 2.7x" in text
     assert ("versions: guest kernel 6.1.0-56-cloud-amd64; guest PostgreSQL 15.20; host kernel 6.12.9-amd64; "
-            "QEMU emulator version 9.2.1") in text
+            "QEMU 9.2.1") in text
     rows = {line.split()[0]: line for line in text.splitlines() if line.startswith(("carved-", "single", "multi-"))}
     assert "190,000" in rows["carved-8"] and "186,000, 190,000, 193,000" in rows["carved-8"]
     assert rows["carved-8"].split()[1] == "8" and rows["single"].split()[2] == "64"
     assert "SyncRep 60%" in rows["single"] and "10/30/60" in rows["single"]
     assert rows["multi-instance"].endswith("failed: cluster 3 not ready")
-    assert "host left as it was: yes (kept for the next run: db1: volume pgcarve-base-abc added)" in text
+    assert "host left as it was: yes (kept for the next run: 1 volume(s) of the guest image on db1)" in text
 
 
 def test_the_html_page_is_self_contained() -> None:

@@ -62,11 +62,19 @@ def versions_line(doc: Mapping[str, Any]) -> str:
     postgresql = " ".join((guest.get("postgresql") or f"PostgreSQL {image.get('postgresql', '?')}").split()[:2])
     parts = [f"guest kernel {kernel}", f"guest {postgresql}",
              f"host kernel {host.get('kernel', '?')}"]
-    if host.get("qemu"):
-        parts.append(host["qemu"])
+    if host.get("qemu"):  # "QEMU emulator version 7.2.22 (Debian ...)"
+        words = host["qemu"].split()
+        parts.append(f"QEMU {words[3]}" if len(words) > 3 and words[:3] == ["QEMU", "emulator", "version"]
+                     else host["qemu"])
     if libvirt.get("libvirt"):
         parts.append(f"libvirt {libvirt['libvirt']}")
     return "; ".join(parts)
+
+
+def kept_line(kept: Sequence[str]) -> str:
+    """"h0: volume X added" lines as "3 volume(s) of the guest image on h0, h1"."""
+    hosts = sorted({line.split(":", 1)[0] for line in kept})
+    return f"{len(kept)} volume(s) of the guest image on {', '.join(hosts)}"
 
 
 def render_text(doc: Mapping[str, Any]) -> str:
@@ -99,7 +107,7 @@ def render_text(doc: Mapping[str, Any]) -> str:
     if verdict.get("caveat"):
         lines.append(f"caveat: {verdict['caveat']}")
     if "host_left_as_it_was" in doc:
-        kept = f" (kept for the next run: {'; '.join(doc['kept'])})" if doc.get("kept") else ""
+        kept = f" (kept for the next run: {kept_line(doc['kept'])})" if doc.get("kept") else ""
         lines.append("host left as it was: " + ("yes" + kept if doc["host_left_as_it_was"]
                                                  else "NO: " + "; ".join(doc.get("left_behind", []))))
     return "\n".join(lines)
@@ -197,9 +205,9 @@ th {{ background: #f3f3f3; }} td:nth-child(n+2) {{ text-align: right; }}
 <p id="reason">{e(verdict.get('reason', ''))}</p>
 {caveat}
 <p class="small">{e(verdict.get('figures', ''))}</p>
-<p class="small">Measured: {e(versions_line(doc))}. Load: {e(str(doc.get('load', {}).get('script', '')))},
-{e(str(doc.get('load', {}).get('clients', '')))} clients, {e(str(plan.get('seconds')))} s per run,
-{e(str(plan.get('repeat')))} round(s). Host left as it was: {e(left)}.
+<p class="small">Measured: {e(versions_line(doc))}. Load: <code>{e(str(doc.get('load', {}).get('script', '')))}</code>
+({e(str(doc.get('load', {}).get('clients', '')))} clients, {e(str(plan.get('seconds')))} s per run,
+{e(str(plan.get('repeat')))} round(s)). Host left as it was: {e(left)}.
 {e(str(doc.get('started_at', '')))} - {e(str(doc.get('finished_at', '')))}.</p>
 <h2>Aggregate TPS per case (bar: median; dots: every run)</h2>
 {_svg_tps(rows)}
