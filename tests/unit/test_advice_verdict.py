@@ -100,3 +100,15 @@ def test_decided_from_summarized_cases() -> None:
     v = decide_from_cases({8: case(185_000, 190_000, 195_000), 2: {"error": "boot failed"}}, single, 1, False)
     assert v.word == "helps" and v.headline == "carving helps, 8 guests, 2.7x" and "shared kernel" in v.reason
     assert v.to_dict()["text"] == v.text
+
+
+def test_a_gain_of_a_smaller_n_within_the_noise_but_not_beyond_single_is_not_recommended() -> None:
+    carved = {2: runs(100, 108, 125), 4: runs(118, 122, 126)}
+    v = decide(carved, runs(95, 100, 105))
+    assert v.word == "helps" and v.recommended_instances == 4, "2 guests overlap the best but not beyond single"
+
+
+def test_one_small_guest_beating_one_with_all_the_vcpus_is_not_carving() -> None:
+    v = decide({1: runs(190, 195, 200), 2: runs(120, 125, 130)}, runs(95, 100, 105), vcpus=2)
+    assert v.word == "does not help" and v.recommended_instances == 1
+    assert v.headline == "carving does not help: one guest of 2 vCPU(s) is best, 1.9x over one with all 4"

@@ -157,9 +157,10 @@ def decide(carved: Mapping[int, Runs], single: Runs | None, vcpus: int = 1, emul
     single_vcpus = single_vcpus or max(carved) * vcpus
     clusters = clusters or max(carved)
     best = carved[best_n]
-    # Within the noise of the best; one guest of V vCPUs is no carving, so it is never recommended
-    # in place of a best N above 1.
-    rec_n = min(n for n, runs in carved.items() if n == best_n or (n > 1 and runs.overlaps(best)))
+    # The smallest N within the noise of the best that still beats the single instance; one guest
+    # of V vCPUs is no carving, so it never stands in for a best N above 1.
+    rec_n = min((n for n, runs in carved.items()
+                 if n == best_n or (n > 1 and runs.overlaps(best) and runs.above(single))), default=best_n)
     rec = carved[rec_n]
     gain = rec.median / single.median if single.median else None
     figures = (f"{rec_n} guest(s) of {vcpus} vCPU: {rec.describe()}; one instance of {single_vcpus} vCPUs: "
@@ -176,9 +177,14 @@ def decide(carved: Mapping[int, Runs], single: Runs | None, vcpus: int = 1, emul
     if min(len(rec.tps), len(single.tps)) < MIN_REPEATS:
         return replace(base, headline=f"inconclusive: fewer than {MIN_REPEATS} runs of each case cannot show the noise",
                        reason=f"{clause}; rerun with --repeat {MIN_REPEATS} or more")
+    if rec.above(single) and rec_n == 1:
+        return replace(base, word="does not help",
+                       headline=f"carving does not help: one guest of {vcpus} vCPU(s) is best, {ratio} over one "
+                                f"with all {single_vcpus}", reason=f"{clause}; more guests do not add to it",
+                       recommended_instances=1, beyond_noise=True)
     if rec.above(single):
         return replace(base, word="helps", headline=f"carving helps, {rec_n} guests, {ratio}",
-                       reason=f"{clause}; {_helps_tail(rec_n, rec, single, multi_instance)}",
+                       reason=f"{clause}; {_helps_tail(rec_n, rec, single, multi_instance, clusters)}",
                        recommended_instances=rec_n, beyond_noise=True)
     if single.above(best):
         return replace(base, word="does not help",
@@ -190,13 +196,13 @@ def decide(carved: Mapping[int, Runs], single: Runs | None, vcpus: int = 1, emul
                           "--seconds or --repeat")
 
 
-def _helps_tail(n: int, rec: Runs, single: Runs, multi_instance: Runs | None) -> str:
+def _helps_tail(n: int, rec: Runs, single: Runs, multi_instance: Runs | None, clusters: int) -> str:
     if multi_instance is None:
         return f"carving into {n} removes it"
     if multi_instance.above(single) and not rec.above(multi_instance):
-        return (f"{n} clusters in one guest do as well as {n} guests, so the wall is per PostgreSQL instance, not "
-                f"per kernel: carving into {n} removes it, and so would {n} clusters in one kernel")
-    return f"{n} clusters in one kernel do not reach {n} guests: carving into {n} removes it"
+        return (f"{clusters} clusters in one guest do as well as {n} guests, so the wall is per PostgreSQL instance, "
+                f"not per kernel: carving into {n} removes it, and so would {clusters} clusters in one kernel")
+    return f"{clusters} clusters in one kernel do not reach {n} guests: carving into {n} removes it"
 
 
 def decide_from_cases(carved: Mapping[int, Mapping[str, Any]], single: Mapping[str, Any] | None, vcpus: int,
@@ -210,7 +216,7 @@ def decide_from_cases(carved: Mapping[int, Mapping[str, Any]], single: Mapping[s
 
 
 def ratios(base: Runs | None, others: Mapping[str, Runs | None]) -> dict[str, float]:
-    """base's median over each other case's median, keyed by `base_over_<name>`."""
+    """base's median over each other case's median, under each other case's key."""
     if base is None:
         return {}
     return {name: round(base.median / runs.median, 3) for name, runs in others.items() if runs and runs.median}
