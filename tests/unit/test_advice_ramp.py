@@ -35,7 +35,7 @@ def test_the_ramp_stops_where_more_clients_add_under_5_percent(monkeypatch: pyte
         return SimpleNamespace(tps=curve[clients])
 
     monkeypatch.setattr(advisor, "run_pgbench", fake_pgbench)
-    clients, steps = advisor.ramp(OnePrimary())
+    clients, steps = advisor.ramp(OnePrimary())  # type: ignore[arg-type]  # a stand-in
     assert clients == 8, "16 clients add 3 %: 8 saturate it"
     assert asked == [1, 2, 4, 8, 16] and steps[-1] == {"clients": 16, "tps": 620.0}
 
