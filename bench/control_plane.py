@@ -19,6 +19,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
+from pgcarve.advice.measure import percentile
 from pgcarve.config import HostConfig
 from pgcarve.control.fleet import Fleet, Guest, Progress
 from pgcarve.control.provisioning import Provisioner, Readiness
@@ -46,7 +47,6 @@ from bench.harness import (
     finish,
     free_port,
     log,
-    percentile,
     run_meta,
     summarize_ms,
     write_json,

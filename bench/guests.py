@@ -12,7 +12,6 @@ from typing import Any
 
 from pgcarve.config import FleetConfig, load_fleet_config
 from pgcarve.control.fleet import Fleet, Progress
-from pgcarve.control.removal import remove_instance
 from pgcarve.errors import PgcarveError
 from pgcarve.guest.image import LocalImage
 from pgcarve.settings import Paths
@@ -49,25 +48,6 @@ def guest_hosts(paths: Paths, hosts: int, hosts_file: Path | None, record: dict[
             log(f"sandbox left behind: {record['sandbox_leftovers']}")
 
 
-def with_size(config: FleetConfig, vcpus: int | None = None, standbys: int | None = None,
-              synchronous_commit: str | None = None, memory_mib: int | None = None,
-              fleet: str | None = None, clusters: int | None = None) -> FleetConfig:
-    """The same hosts with another instance size, PostgreSQL clusters per guest, replication or fleet name."""
-    instance = config.instance.model_copy(update={k: v for k, v in (("vcpus", vcpus), ("memory_mib", memory_mib),
-                                                                    ("clusters", clusters)) if v is not None})
-    repl_update: dict[str, Any] = {}
-    if standbys is not None:
-        repl_update["standbys"] = standbys
-        if standbys:
-            repl_update["sync_count"] = min(config.replication.sync_count, standbys)
-    if synchronous_commit is not None:
-        repl_update["synchronous_commit"] = synchronous_commit
-    replication = config.replication.model_copy(update=repl_update)
-    return FleetConfig.model_validate({**config.model_dump(mode="json"), "instance": instance.model_dump(),
-                                       "replication": replication.model_dump(),
-                                       "fleet": fleet or config.fleet})
-
-
 def prepare_hosts(fleet: Fleet) -> dict[str, Any]:
     """Once per host, outside any timed section: upload the image, settle the domain type, and read
     the topology (a fresh libvirtd probes QEMU on its first getCapabilities, which takes seconds;
@@ -82,13 +62,6 @@ def prepare_hosts(fleet: Fleet) -> dict[str, Any]:
             "capacity": fleet.placement.capacity()}
 
 
-def remove_all(fleet: Fleet) -> None:
-    """Remove every guest of the bench fleet (no fencing: bench data is thrown away)."""
-    for inst in fleet.observe(with_endpoints=False):
-        with contextlib.suppress(PgcarveError):
-            remove_instance(fleet, inst)
-
-
 def progress_logger(prefix: str) -> Progress:
     """A progress callback that logs each guest's step once."""
     last: dict[str, str] = {}
@@ -101,3 +74,4 @@ def progress_logger(prefix: str) -> Progress:
                 log(f"{prefix}{name}: {step}")
 
     return progress
+

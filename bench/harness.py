@@ -15,13 +15,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from pgcarve.errors import PgcarveError
+from pgcarve.advice.cases import case_fleet
+from pgcarve.advice.measure import percentile
 
 REPO_DIR = Path(__file__).resolve().parents[1]
 BENCH_DIR = REPO_DIR / "bench"
 DEFAULT_OUT = BENCH_DIR / "results"
 DEFAULT_STATE = Path("/var/tmp/pgcarve-bench")
 BENCH_FLEET = "pgcbench"  # guests of the bench never share a name with an operator's fleet
+BENCH_FLEET_PREFIX = "pgcb"  # + a case's kind + 4 hex: the experiment's and scale-out's fleets
 
 TOKEN = "pgcarve-bench-token-0123456789abcdef"  # noqa: S105  (in-process API of a throwaway state dir)
 AUTH = {"Authorization": f"Bearer {TOKEN}"}
@@ -40,14 +42,8 @@ TARGET_PLANNER_MS = 10.0
 
 
 def bench_fleet(kind: str) -> str:
-    """A fleet name of its own for each group of bench guests, new on every run: "pgcb" + kind + 4 hex.
-
-    Guest MACs derive from fleet and guest name, and libvirt keeps a DHCP lease per (MAC, client
-    id); a guest re-created under the same name gets a new lease while the old one is still listed,
-    and LibvirtHost.guest_address takes the first one, which can be the stale address. Fresh
-    names give fresh MACs, so the bench never re-creates a name.
-    """
-    return f"pgcb{kind}{os.urandom(2).hex()}"
+    """A fleet name of its own for each group of bench guests, new on every run (see case_fleet)."""
+    return case_fleet(BENCH_FLEET_PREFIX, kind)
 
 
 def log(message: str) -> None:
@@ -108,15 +104,6 @@ SIZES: dict[str, Size] = {
 # -- small measurement helpers -------------------------------------------------------------------
 
 
-def percentile(values: Sequence[float], pct: float) -> float:
-    """Nearest-rank percentile (pct in 0..100); NaN-free: 0.0 for no values."""
-    if not values:
-        return 0.0
-    ordered = sorted(values)
-    rank = max(1, min(len(ordered), int(-(-pct * len(ordered) // 100))))
-    return float(ordered[rank - 1])
-
-
 def summarize_ms(values_ms: Sequence[float]) -> dict[str, float]:
     return {
         "count": float(len(values_ms)),
@@ -141,46 +128,6 @@ def loadavg() -> list[float]:
         return []
 
 
-CPU_FIELDS = ("user", "nice", "system", "idle", "iowait", "irq", "softirq", "steal", "guest", "guest_nice")
-
-
-def parse_proc_stat(text: str) -> dict[str, int]:
-    """The aggregate ``cpu`` line of /proc/stat, in jiffies."""
-    for line in text.splitlines():
-        parts = line.split()
-        if parts and parts[0] == "cpu":
-            values = [int(v) for v in parts[1:]]
-            return {name: values[i] if i < len(values) else 0 for i, name in enumerate(CPU_FIELDS)}
-    raise PgcarveError("no aggregate cpu line in /proc/stat")
-
-
-def cpu_split(before: dict[str, int], after: dict[str, int]) -> dict[str, float]:
-    """User/system/idle/steal shares (0..1) between two /proc/stat samples.
-
-    user includes nice (and the guest time the kernel also counts in user); system includes irq
-    and softirq; idle includes iowait.
-    """
-    d = {k: after.get(k, 0) - before.get(k, 0) for k in CPU_FIELDS}
-    user = d["user"] + d["nice"]
-    system = d["system"] + d["irq"] + d["softirq"]
-    idle = d["idle"] + d["iowait"]
-    total = user + system + idle + d["steal"]
-    if total <= 0:
-        return {"user": 0.0, "system": 0.0, "idle": 0.0, "steal": 0.0, "guest": 0.0, "jiffies": 0.0}
-    return {
-        "user": round(user / total, 4),
-        "system": round(system / total, 4),
-        "idle": round(idle / total, 4),
-        "steal": round(d["steal"] / total, 4),
-        "guest": round((d["guest"] + d["guest_nice"]) / total, 4),
-        "jiffies": float(total),
-    }
-
-
-def host_proc_stat() -> dict[str, int]:
-    return parse_proc_stat(Path("/proc/stat").read_text())
-
-
 def write_json(path: Path, doc: dict[str, Any]) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(doc, indent=2, sort_keys=False) + "\n")
@@ -199,3 +146,4 @@ def finish(doc: dict[str, Any]) -> None:
     """Stamp a part's document with when it ended and the load average then."""
     doc["finished_at"] = time.strftime("%Y-%m-%dT%H:%M:%S%z")
     doc["machine"]["loadavg_at_end"] = loadavg()
+

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from pgcarve.advice.cases import remove_all, with_size
 from pgcarve.control.fleet import Fleet, Guest, Instance, Progress, no_progress
 from pgcarve.control.provisioning import Provisioner
 from pgcarve.control.removal import leftovers
@@ -24,7 +25,7 @@ from pgcarve.postgres.session import CLIENT_DATABASE
 from pgcarve.settings import Paths
 
 from bench.charts import chart_scale_out, save_chart
-from bench.guests import guest_hosts, prepare_hosts, remove_all, with_size
+from bench.guests import guest_hosts, prepare_hosts
 from bench.harness import AUTH, SCALE_OUT, TOKEN, bench_fleet, finish, log, run_meta, write_json
 
 

@@ -26,10 +26,12 @@ from pgcarve.errors import (
 from pgcarve.guest.tls import FleetCA
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from pgcarve_api import advice_runs
 from pgcarve_api.host_check import HostHeaderCheck
 from pgcarve_api.listener import Listener, server_names
 from pgcarve_api.metrics import build_registry
 from pgcarve_api.routes import (
+    advice,
     ca,
     credentials,
     dashboard,
@@ -129,7 +131,10 @@ def create_app(settings: Settings | None = None, service: ManagerService | None 
                                                collect_interval_s=settings.collect_interval_s,
                                                supervise=settings.supervise,
                                                waits_hz=settings.waits_hz)
+            advice_runs.register(app.state.service, app.state.advice)  # before start: resumed runs find it
             app.state.service.start()
+        else:
+            advice_runs.register(app.state.service, app.state.advice)
         app.state.registry = build_registry(app.state.service)
         stop = asyncio.Event()
         collector = asyncio.create_task(app.state.service.run_collector(stop))
@@ -149,6 +154,7 @@ def create_app(settings: Settings | None = None, service: ManagerService | None 
         lifespan=lifespan,
     )
     app.state.service = service
+    app.state.advice = advice_runs.AdviceStore(paths.state_dir / "advice")
     app.state.listener = listener
     app.state.server_names = server_names(settings.bind, listener, settings.extra_host_names)
     app.state.token, created = load_or_create_token(settings.token, paths.token_file)
@@ -170,7 +176,7 @@ def create_app(settings: Settings | None = None, service: ManagerService | None 
         return response
 
     for module in (health, hosts, instances, waits, credentials, incidents, scale, plan, tps, metrics, ca,
-                   dashboard):
+                   advice, dashboard):
         app.include_router(module.router)
     STATIC_DIR.mkdir(exist_ok=True)
     app.mount("/static", StaticFiles(directory=STATIC_DIR), name="static")

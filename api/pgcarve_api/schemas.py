@@ -101,6 +101,24 @@ class ScaleIn(BaseModel):
     instances: int = Field(ge=0, le=100000, strict=True, description="the number of instances wanted")
 
 
+class AdviceIn(BaseModel):
+    """pgcarve advise's options (no --image over HTTP: the server's image is measured)."""
+
+    model_config = ConfigDict(extra="forbid")
+    host: str | None = Field(None, pattern=r"^[a-z][a-z0-9-]{0,30}$", description="default: the first primary host")
+    max_instances: int | None = Field(None, ge=2, le=4096, strict=True, description="default: the host's capacity")
+    seconds: int = Field(30, ge=5, le=3600, strict=True, description="each pgbench run")
+    repeat: int = Field(3, ge=1, le=20, strict=True, description="runs of every case, interleaved")
+    clients: int | None = Field(None, ge=1, le=1000, strict=True, description="default: found by a short ramp")
+    spare: bool = Field(False, description="use only the free slots of a host that runs guests")
+
+
+class AdviceAccepted(BaseModel):
+    operation: str
+    status: str
+    plan: dict[str, object] = Field(description="what will be carved, and estimate_s: about how long it takes")
+
+
 class FailoverIn(BaseModel):
     model_config = ConfigDict(extra="forbid")
     to: str | None = Field(None, pattern=r"^[a-z][a-z0-9-]{0,62}$", description="the standby to promote")

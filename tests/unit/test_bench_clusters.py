@@ -1,4 +1,4 @@
-"""The multi-instance case's side of several clusters in one guest (bench/clusters.py,
+"""The multi-instance case's side of several clusters in one guest (pgcarve/advice/clusters.py,
 Fleet.endpoint_at): how each cluster is reached, and the wait until each has its standbys. No guest
 boots: the fleet's hosts are libvirt's test driver and PostgreSQL is a stand-in."""
 
@@ -11,15 +11,16 @@ from typing import Any
 
 import psycopg
 import pytest
+from pgcarve.advice import clusters
+from pgcarve.advice.cases import with_size
 from pgcarve.control.fleet import Fleet, Guest
 from pgcarve.errors import GuestNotReady
 from pgcarve.settings import Paths
 from pgcarve.virt.domain_xml import InstanceMetadata
 from pgcarve.virt.host import GuestInfo
 
-from bench import clusters, harness, simulated_hosts
+from bench import harness, simulated_hosts
 from bench.__main__ import parse_args
-from bench.guests import with_size
 from tests.support.testdriver import TestDriverHost
 
 

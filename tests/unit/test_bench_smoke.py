@@ -14,6 +14,7 @@ from pathlib import Path
 from types import MappingProxyType
 
 import pytest
+from pgcarve.advice import load, measure
 from pgcarve.control.fleet import Fleet
 from pgcarve.control.waits import WaitBreakdown
 from pgcarve.errors import ConfigError
@@ -21,7 +22,7 @@ from pgcarve.planning.topology import parse_capabilities
 from pgcarve.postgres.statistics import WAIT_CATEGORIES
 from pgcarve.settings import Paths
 
-from bench import control_plane, experiment, harness, load, simulated_hosts, summary
+from bench import control_plane, experiment, simulated_hosts, summary
 from tests.support.testdriver import OVERLAY_GIB, TestDriverHost
 
 REPO = Path(__file__).resolve().parents[2]
@@ -92,12 +93,12 @@ def test_fixtures_match_generators() -> None:
 
 
 def test_helpers() -> None:
-    assert harness.percentile([], 99) == 0.0
-    assert harness.percentile(list(range(1, 101)), 50) == 50
-    assert harness.percentile(list(range(1, 101)), 99) == 99
-    before = harness.parse_proc_stat("cpu  100 0 50 800 50 0 0 0 0 0\ncpu0 1 2 3\n")
-    after = harness.parse_proc_stat("cpu  200 0 150 900 50 0 0 0 0 0\n")
-    split = harness.cpu_split(before, after)
+    assert measure.percentile([], 99) == 0.0
+    assert measure.percentile(list(range(1, 101)), 50) == 50
+    assert measure.percentile(list(range(1, 101)), 99) == 99
+    before = measure.parse_proc_stat("cpu  100 0 50 800 50 0 0 0 0 0\ncpu0 1 2 3\n")
+    after = measure.parse_proc_stat("cpu  200 0 150 900 50 0 0 0 0 0\n")
+    split = measure.cpu_split(before, after)
     assert split["user"] == split["system"] == split["idle"] and split["jiffies"] == 300
 
 
@@ -113,22 +114,16 @@ def test_runs_summarized_by_their_median_and_spread() -> None:
     assert case["spread"] == 0.198 and case["repeats"] == 3 and case["failed_runs"] == ["boot failed"]
 
 
-def test_verdict_words() -> None:
+def test_the_bench_verdict_is_the_advisors_with_the_other_cases_ratios() -> None:
+    """The words themselves are pgcarve.advice.verdict's (tests/unit/test_advice_verdict.py)."""
     kvm = {"h0": "kvm"}
     helped = experiment.verdict({"carved": _case(185_000, 190_000, 195_000), "single": _case(68_000, 70_000, 72_000)},
-                                kvm)
-    assert helped["word"] == "helped" and helped["text"].startswith("carving helped by 171%"), helped
-    assert "caveat" not in helped and "n=3" in helped["text"]
+                                kvm, instances=8)
+    assert helped["word"] == "helps" and helped["text"].startswith("carving helps, 8 guests, 2.7x"), helped
+    assert "caveat" not in helped and "n=3" in helped["figures"]
     worse = experiment.verdict({"carved": _case(48, 50, 52), "single": _case(95, 100, 105),
                                 "no-replica": _case(200, 200, 200)}, kvm)
-    assert worse["word"] == "did not help" and "cost 50%" in worse["text"] and worse["carved_over_no_replica"] == 0.25
-    # Overlapping runs: inconclusive, however far apart the medians.
-    overlap = experiment.verdict({"carved": _case(80, 120, 160), "single": _case(70, 100, 130)}, kvm)
-    assert overlap["word"] == "inconclusive" and "overlap" in overlap["text"]
-    # One run each cannot show the noise, however clear it looks.
-    once = experiment.verdict({"carved": _case(190_000), "single": _case(70_000)}, kvm)
-    assert once["word"] == "inconclusive" and "fewer than 3 runs" in once["text"]
-    # Under emulation: always inconclusive, and it says what it measured.
+    assert worse["word"] == "does not help" and worse["carved_over_no_replica"] == 0.25
     tcg = experiment.verdict({"carved": _case(185, 190, 195), "single": _case(68, 70, 72)}, {"h0": "qemu"})
     assert tcg["word"] == "inconclusive" and "measured the emulator" in tcg["text"] and "TCG" in tcg["caveat"]
     assert "no verdict" in experiment.verdict({}, kvm)["text"]
@@ -153,7 +148,7 @@ def test_the_experiments_symptom_needs_all_three_signs() -> None:
         "the experiment's symptom does not show: CPUs are busy (5% idle, threshold 30%); "
         "kernel time is below user time (45% system vs 50% user)"), busy
     assert load.symptom({"sessions": 0, "shares": {}}, None)["shows"] is None
-    assert load.mean_cpu([None, {"user": 0.2, "system": 0.4, "idle": 0.4}, {"user": 0.4, "system": 0.2, "idle": 0.4}]
+    assert measure.mean_cpu([None, {"user": 0.2, "system": 0.4, "idle": 0.4}, {"user": 0.4, "system": 0.2, "idle": 0.4}]
                          ) == {"user": 0.3, "system": 0.3, "idle": 0.4}
 
 

@@ -30,8 +30,9 @@ ALLOWED = {
     "pgcarve.sandbox": {"pgcarve.virt"},
     "pgcarve.control": {"pgcarve.planning", "pgcarve.virt", "pgcarve.postgres", "pgcarve.guest", "pgcarve.sandbox"},
     "pgcarve.tfvars": {"pgcarve.control", "pgcarve.guest", "pgcarve.virt", "pgcarve.planning"},
+    "pgcarve.advice": {"pgcarve.control", "pgcarve.planning", "pgcarve.postgres", "pgcarve.guest", "pgcarve.virt"},
     "pgcarve.cli": {"pgcarve.control", "pgcarve.planning", "pgcarve.postgres", "pgcarve.sandbox", "pgcarve.tfvars",
-                    "pgcarve.guest", "pgcarve.virt"},
+                    "pgcarve.guest", "pgcarve.virt", "pgcarve.advice"},
 }
 # A statement's opening words: what SQL sent to PostgreSQL starts with, and prose does not.
 SQL = re.compile(r"^\s*(/\*.*?\*/\s*)?(select\s+\S+.*\s(from|as)\s|select\s+pg_|insert\s+into\s|update\s+\w+\s+set\s|"

@@ -42,6 +42,7 @@ from pgcarve.guest.seed import GuestSeed
 from pgcarve.virt.domain_xml import Disk, DomainSpec, InstanceMetadata, Nic, mac_for
 from pgcarve_api import routes as routes_package
 from pgcarve_api import security
+from pgcarve_api.advice_runs import AdviceStore
 from pgcarve_api.listener import Listener
 from pgcarve_api.main import create_app
 from pgcarve_api.routes.dashboard import STATIC_DIR
@@ -442,6 +443,7 @@ MUTATION_BODIES: dict[tuple[str, str], dict[str, object]] = {
     ("PUT", "/v1/scale"): {"instances": 1},
     ("POST", "/v1/instances/{name}/failover"): {"to": "pgc-01-s1", "force": True},
     ("POST", "/v1/instances/{name}/switchover"): {},
+    ("POST", "/v1/advice"): {"max_instances": 2, "seconds": 5, "repeat": 1, "clients": 4},
 }
 WRONG_AUTH: list[dict[str, str | bytes]] = [
     {},
@@ -520,7 +522,8 @@ def test_reads_off_loopback_need_the_token(fleet: ManagerService, bind: str, add
     assert ("GET", "/v1/instances") in reads and ("GET", "/metrics") in reads and ("GET", "/v1/ca.pem") in reads
     operation = fleet.request_scale(3)  # a scale to the present count: something for /v1/operations/{op_id}
     assert fleet.wait_idle(30)
-    values = {"name": "pgc-01", "op_id": operation.id}
+    AdviceStore(fleet.paths.state_dir / "advice").save("0123456789ab", {"verdict": {"word": "none"}})
+    values = {"name": "pgc-01", "op_id": operation.id, "run_id": "0123456789ab"}
     with TestClient(app, base_url=url, client=("10.1.2.3", 5000)) as client:
         for _method, template in reads:
             path = re.sub(r"\{([^}]+)\}", lambda m: values[m.group(1)], template)

@@ -6,6 +6,7 @@
     pgcarve down --confirm FLEET    remove every instance of the fleet
     pgcarve plan --instances N      explain the CPU/NUMA plan (text, json or tfvars)
     pgcarve doctor                  check every host before a scale (exit 1 if a scale would fail)
+    pgcarve advise                  measure whether carving this host helps, into how many guests, and why
     pgcarve load                    the experiment's insert load on every primary (pgbench)
     pgcarve scale N                 ask the running API server to scale
     pgcarve switchover NAME         hand the primary role to a standby (--to STANDBY), nothing lost
@@ -25,6 +26,7 @@ import sys
 from collections.abc import Callable
 
 from pgcarve.cli import (
+    advise_commands,
     connect_commands,
     doctor_commands,
     fleet_commands,
@@ -90,6 +92,7 @@ def build_parser(settings: Settings) -> argparse.ArgumentParser:
     plan.set_defaults(func=fleet_commands.cmd_plan)
 
     doctor_commands.add_parser(sub)
+    advise_commands.add_parser(sub)
 
     load = sub.add_parser("load", help="run the experiment's insert-only pgbench on every primary")
     load.add_argument("--seconds", type=int, default=20)

@@ -48,6 +48,9 @@ class OperationQueue:
 
     def __init__(self, run: Callable[[Operation], str | None], journal: Path | None = None, keep: int = 200):
         self._run = run
+        # Operation kinds run by layers above control (the API's advice): kind -> runner. Register
+        # before start(), so that one resumed from the journal finds its runner.
+        self.runners: dict[str, Callable[[Operation], str | None]] = {}
         self._journal = journal
         self._keep = keep
         self._ops: dict[str, Operation] = {}
@@ -128,7 +131,7 @@ class OperationQueue:
                 op.status, op.started_at, op.message = "running", time.time(), "starting"
                 self._save()
             try:
-                summary = self._run(op)  # what was done, in words (None: nothing to add)
+                summary = self.runners.get(op.kind, self._run)(op)  # what was done, in words (None: nothing to add)
                 final: dict[str, object] = {"status": "succeeded", "progress": 1.0, "message": summary or "done"}
                 self.counts["succeeded"] += 1
             except Exception as exc:

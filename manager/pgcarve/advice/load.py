@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import glob
+import logging
 import re
 import threading
 import time
@@ -18,6 +19,8 @@ from pathlib import Path
 from typing import Any
 
 import psycopg
+
+from pgcarve.advice.measure import cpu_split, host_proc_stat, mean_cpu, parse_proc_stat, percentile
 from pgcarve.control.collector import Target
 from pgcarve.control.fleet import Fleet, Guest
 from pgcarve.control.waits import WaitBreakdown, WaitSampler
@@ -26,7 +29,7 @@ from pgcarve.postgres.conninfo import admin_conninfo
 from pgcarve.postgres.pgbench import PgbenchResult, run_pgbench
 from pgcarve.postgres.statistics import WAIT_CATEGORIES
 
-from bench.harness import cpu_split, host_proc_stat, log, parse_proc_stat, percentile
+log = logging.getLogger(__name__)
 
 PROGRESS_RE = re.compile(r"^progress: ([0-9.]+) s, ([0-9.]+) tps, lat ([0-9.]+) ms", re.M)
 REPORTED_SETTINGS = ("synchronous_commit", "synchronous_standby_names", "fsync", "full_page_writes",
@@ -104,7 +107,7 @@ def waits_sampled(fleet: Fleet, targets: Sequence[LoadTarget], seconds: int,
     def run() -> None:
         loop.run_until_complete(sampler.run(stop, reconcile_s=0.5))
 
-    thread = threading.Thread(target=run, name="bench-waits", daemon=True)
+    thread = threading.Thread(target=run, name="advice-waits", daemon=True)
     thread.start()
     async def read() -> dict[str, WaitBreakdown]:
         return sampler.breakdowns()
@@ -116,11 +119,11 @@ def waits_sampled(fleet: Fleet, targets: Sequence[LoadTarget], seconds: int,
         try:
             found.update(asyncio.run_coroutine_threadsafe(read(), loop).result(30))
         except Exception as exc:  # the case's pgbench figures still count without the waits
-            log(f"could not read what sessions waited on: {exc!r}")
+            log.warning("could not read what sessions waited on: %r", exc)
         loop.call_soon_threadsafe(stop.set)
         thread.join(30)
         if thread.is_alive():
-            log("the wait sampler did not stop within 30 s; left to end with the bench")
+            log.warning("the wait sampler did not stop within 30 s; left to end with the process")
         else:
             loop.close()
 
@@ -167,13 +170,6 @@ def symptom(waits: Mapping[str, Any], cpu: Mapping[str, float] | None) -> dict[s
             f"{absent} ({figures})" for _, absent, figures, seen in checks if not seen)
     return {"shows": shows, "text": text, "syncrep_share": round(syncrep, 4), "cpu": dict(cpu)}
 
-
-def mean_cpu(splits: Sequence[Mapping[str, float] | None]) -> dict[str, float] | None:
-    """The mean user/system/idle of the guests that reported a split."""
-    known = [c for c in splits if c]
-    if not known:
-        return None
-    return {k: round(sum(c[k] for c in known) / len(known), 4) for k in ("user", "system", "idle")}
 
 
 def run_load(fleet: Fleet, targets: Sequence[LoadTarget], seconds: int, sampling_rate: float,

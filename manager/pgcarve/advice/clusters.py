@@ -10,6 +10,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import replace
 
 import psycopg
+
 from pgcarve.control.fleet import POSTGRES_PORT, Fleet, Guest
 from pgcarve.errors import GuestNotReady
 from pgcarve.naming import application_name
