@@ -19,6 +19,7 @@ from pgcarve.advice.plan import MIN_SECONDS, AdviceRequest, plan_advice
 from pgcarve.advice.report import render_html, render_text
 from pgcarve.cli.display import console, out
 from pgcarve.cli.fleet_commands import open_fleet
+from pgcarve.control.manager_lock import ManagerLock
 from pgcarve.errors import ConfigError
 from pgcarve.settings import Settings
 
@@ -68,8 +69,11 @@ def cmd_advise(args: argparse.Namespace, settings: Settings) -> int:
             return 0
         for line in plan.describe():
             console.print(line, highlight=False, soft_wrap=True)
-        with Progress(TextColumn("[bold]advise"), BarColumn(bar_width=30), TaskProgressColumn(),
-                      TextColumn("{task.fields[step]}"), TimeElapsedColumn(), console=console) as bar:
+        # The run creates and removes guests on the fleet's hosts: not beside a manager acting on them
+        # (a running server runs advice itself: POST /v1/advice).
+        with ManagerLock(settings.paths.state_dir, "pgcarve advise"), \
+                Progress(TextColumn("[bold]advise"), BarColumn(bar_width=30), TaskProgressColumn(),
+                         TextColumn("{task.fields[step]}"), TimeElapsedColumn(), console=console) as bar:
             task = bar.add_task("advise", total=1.0, step="starting")
             lock = threading.Lock()
 
