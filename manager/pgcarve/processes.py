@@ -173,6 +173,10 @@ def _wait_exit(pid: int, fd: int | None, timeout_s: float) -> bool:
             os.waitpid(pid, os.WNOHANG)
         fields = _stat_fields(pid)
         if fields is None or fields[0] in ("Z", "X"):
+            # It may have exited between the waitpid above and this read: collect it now, so a
+            # child of ours is gone from /proc when this returns (not left a zombie under load).
+            with contextlib.suppress(ChildProcessError):
+                os.waitpid(pid, os.WNOHANG)
             return True
         left = deadline - time.monotonic()
         if left <= 0:
