@@ -16,6 +16,7 @@ from pgcarve.errors import (
     CapacityError,
     ConfigError,
     Conflict,
+    DcsUnavailable,
     GuestNotReady,
     HostUnreachable,
     ImageMissing,
@@ -59,6 +60,7 @@ STATUS_FOR_ERROR: dict[type[PgcarveError], int] = {
     HostUnreachable: 503,
     LibvirtFailure: 502,
     GuestNotReady: 504,
+    DcsUnavailable: 503,
 }
 
 
