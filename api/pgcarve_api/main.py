@@ -12,6 +12,7 @@ from fastapi.responses import JSONResponse, Response
 from fastapi.staticfiles import StaticFiles
 from pgcarve.config import load_fleet_config
 from pgcarve.control.service import ManagerService
+from pgcarve.dcs.watch import EtcdWatch
 from pgcarve.errors import (
     CapacityError,
     ConfigError,
@@ -132,7 +133,12 @@ def create_app(settings: Settings | None = None, service: ManagerService | None 
                                                supervise=settings.supervise,
                                                waits_hz=settings.waits_hz)
             app.state.service.start()
-        app.state.registry = build_registry(app.state.service)
+        etcd = app.state.service.config.etcd
+        # Polled in the background only where collecting is on (PGCARVE_COLLECT), like the guests.
+        etcd_watch = EtcdWatch(etcd) if etcd is not None and settings.collect else None
+        if etcd_watch is not None:
+            etcd_watch.start()
+        app.state.registry = build_registry(app.state.service, etcd_watch)
         stop = asyncio.Event()
         collector = asyncio.create_task(app.state.service.run_collector(stop))
         try:
@@ -141,6 +147,8 @@ def create_app(settings: Settings | None = None, service: ManagerService | None 
             stop.set()
             with contextlib.suppress(Exception):
                 await asyncio.wait_for(collector, 10)
+            if etcd_watch is not None:
+                etcd_watch.stop()
             if owned:
                 app.state.service.stop()
 

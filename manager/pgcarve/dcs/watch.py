@@ -22,9 +22,9 @@ POLL_TIMEOUT_S = 2.0
 
 
 class EtcdWatch:
-    def __init__(self, config: EtcdConfig, interval_s: float = POLL_INTERVAL_S, timeout_s: float = POLL_TIMEOUT_S):
+    def __init__(self, config: EtcdConfig, interval_s: float | None = None, timeout_s: float = POLL_TIMEOUT_S):
         self.config = config
-        self.interval_s = interval_s
+        self.interval_s = interval_s if interval_s is not None else POLL_INTERVAL_S
         self.timeout_s = min(timeout_s, config.timeout_s)
         self._latest: ClusterHealth | None = None
         self._known: tuple[EtcdMember, ...] | None = None
