@@ -6,6 +6,7 @@
     pgcarve down --confirm FLEET    remove every instance of the fleet
     pgcarve plan --instances N      explain the CPU/NUMA plan (text, json or tfvars)
     pgcarve doctor                  check every host before a scale (exit 1 if a scale would fail)
+    pgcarve etcd-certificate NAME   an etcd member's (--ip ...) or client's (--client) certificate
     pgcarve load                    the experiment's insert load on every primary (pgbench)
     pgcarve scale N                 ask the running API server to scale
     pgcarve connect NAME [--ro]     psql on an instance as its application role (via the API)
@@ -21,7 +22,14 @@ import argparse
 import sys
 from collections.abc import Callable
 
-from pgcarve.cli import connect_commands, doctor_commands, fleet_commands, sandbox_commands, server_commands
+from pgcarve.cli import (
+    connect_commands,
+    doctor_commands,
+    etcd_commands,
+    fleet_commands,
+    sandbox_commands,
+    server_commands,
+)
 from pgcarve.cli.display import console
 from pgcarve.errors import (
     CapacityError,
@@ -80,6 +88,7 @@ def build_parser(settings: Settings) -> argparse.ArgumentParser:
     plan.set_defaults(func=fleet_commands.cmd_plan)
 
     doctor_commands.add_parser(sub)
+    etcd_commands.add_parser(sub)
 
     load = sub.add_parser("load", help="run the experiment's insert-only pgbench on every primary")
     load.add_argument("--seconds", type=int, default=20)

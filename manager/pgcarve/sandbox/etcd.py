@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import json
 import shutil
+import signal
 import subprocess
 import sys
 import time
@@ -322,6 +323,10 @@ class SandboxEtcd:
 
     def down(self) -> None:
         """Stop every member by its record, the witnesses' namespaces, and remove the data."""
+        # All asked at once: a member that finds itself the last one waits seconds before it exits.
+        for member in self.members():
+            if (record := self.running(member)) is not None:
+                processes.signal_process(record, signal.SIGTERM)
         for member in self.members():
             record = self.running(member)
             if record is not None:
