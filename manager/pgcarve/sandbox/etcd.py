@@ -314,10 +314,12 @@ class SandboxEtcd:
     def start_member(self, name: str) -> None:
         """Start a stopped member again from its data (and its forward, if that went too)."""
         member = self.member(name)
-        if self.running(member) is None:
-            self._start(member, self.members(), new=False)
-        else:
+        if self.running(member) is not None:
             self._forward(member)
+            return
+        if member.witness and not netns_exists(member.netns):  # gone with a reboot: made again
+            self._witness_netns(member)
+        self._start(member, self.members(), new=False)
 
     # -- down ----------------------------------------------------------------------------------
 
