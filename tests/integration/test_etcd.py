@@ -1,7 +1,8 @@
 """etcd in the shared 3-host sandbox: three members over TLS as the manager sees them, a client
 without a certificate refused, the members reached from the guests' networks (from a booted guest
 when test_carve.py left one), one member stopped by its PID record (quorum kept, doctor and
-/metrics say so) and started again by an idempotent `sandbox up`.
+/metrics say so) and started again by an idempotent `sandbox up`. Last, a one-host sandbox of its
+own gets two witness members and grows to two hosts (no guests: seconds).
 
 Runs after test_carve.py on its sandbox and guests (tests/conftest.py FLEET_ORDER); it stops no
 guest, so the modules after it find the fleet as it was. Seconds, not minutes.
@@ -16,6 +17,7 @@ from typing import Any
 
 import httpx
 import pytest
+from pgcarve.config import EtcdConfig
 from pgcarve.control.doctor_etcd import etcd_findings
 from pgcarve.control.fleet import Fleet
 from pgcarve.dcs.etcd import EtcdClient
@@ -25,7 +27,7 @@ from pgcarve.processes import ProcessStatus, check
 from pgcarve.sandbox.etcd import CLIENT_PORT
 from pgcarve.sandbox.forward import join_netns
 
-from tests.integration.conftest import CarveEnv, wait_for
+from tests.integration.conftest import IT_STATE, CarveEnv, clean_sandbox, wait_for
 from tests.integration.test_connect import guest_exec
 
 pytestmark = pytest.mark.integration
@@ -64,16 +66,14 @@ def test_a_client_without_a_certificate_is_refused(carve_env: CarveEnv) -> None:
         assert client.status(endpoint).healthy
 
 
-def _from_host_namespace(env: CarveEnv, host: str, source: str, url: str) -> dict[str, Any]:
-    """GET `url` from inside sandbox host `host`'s namespace, from address `source` (its guests'
+def _from_namespace(netns: Path, etcd: EtcdConfig, source: str, url: str) -> dict[str, Any]:
+    """GET `url` from inside network namespace `netns`, from address `source` (a host's guest
     gateway: the path a guest's packets take), with the manager's client certificate."""
-    etcd = env.config.etcd
-    assert etcd is not None
     result: dict[str, Any] = {}
 
     def run() -> None:
         try:
-            join_netns(str(env.sandbox.host_named(host).netns_path))  # this thread only
+            join_netns(str(netns))  # this thread only
             context = ssl.create_default_context(cafile=etcd.ca_file)
             context.load_cert_chain(etcd.cert_file, etcd.key_file)
             transport = httpx.HTTPTransport(verify=context, local_address=source)
@@ -111,9 +111,11 @@ for host in sys.argv[3:]:
 
 def test_guest_networks_reach_every_member(carve_env: CarveEnv) -> None:
     addresses = [m.address for m in carve_env.sandbox.etcd.members()]
+    assert carve_env.config.etcd is not None
     # From h1's guest network (10.77.1.1, its guests' gateway) to every member, h1's own included.
     for address in addresses:
-        got = _from_host_namespace(carve_env, "h1", "10.77.1.1", f"https://{address}:{CLIENT_PORT}/health")
+        got = _from_namespace(carve_env.sandbox.host_named("h1").netns_path, carve_env.config.etcd, "10.77.1.1",
+                              f"https://{address}:{CLIENT_PORT}/health")
         assert got.get("json") == {"health": "true"}, (address, got)
     fleet = Fleet(carve_env.config, carve_env.paths)
     try:
@@ -164,3 +166,41 @@ def test_one_member_stopped_keeps_the_quorum_and_shows(carve_env: CarveEnv) -> N
     with carve_env.client() as client:
         wait_for(lambda: 'pgcarve_etcd_member_up{member="h2"} 1.0' in client.get("/metrics").text,
                  "/metrics to show h2 up again", 30)
+
+
+def test_a_one_host_sandbox_gets_two_witnesses_and_grows(carve_env: CarveEnv) -> None:
+    """A sandbox of its own (no guests, seconds): one host and two witness members, reached from
+    the host's guest network; without its witnesses, no quorum; grown to two hosts, the new
+    host's member joins the running cluster; down leaves no member, namespace or file. (carve_env
+    only orders it among the shared tests.)"""
+    paths, sandbox = clean_sandbox(IT_STATE.with_name(IT_STATE.name + "-etcd"))
+    try:
+        config = sandbox.up(1)
+        assert config.etcd is not None
+        witnesses = [m for m in sandbox.etcd.members() if m.witness]
+        assert [(m.name, m.address) for m in witnesses] == [("witness1", "10.76.0.241"), ("witness2", "10.76.0.242")]
+        found = sandbox.etcd.health()
+        assert sorted(m.name for m in found.members if m.up) == ["h0", "witness1", "witness2"] and found.has_quorum
+        got = _from_namespace(sandbox.host_named("h0").netns_path, config.etcd, "10.77.0.1",
+                              f"https://{witnesses[0].address}:{CLIENT_PORT}/health")
+        assert got.get("json") == {"health": "true"}, got
+        # Both witnesses stopped: no quorum, and doctor says so from what the last member answers.
+        for witness in witnesses:
+            sandbox.etcd.stop_member(witness.name)
+        # h0 answers, but once it notices it leads no quorum (an election timeout) it is not healthy.
+        lost = wait_for(lambda: (h := sandbox.etcd.health()).members and not any(m.up for m in h.members) and h,
+                        "h0 to report no quorum", 30)
+        assert not lost.has_quorum and lost.members_known, lost
+        (quorum,) = [f for f in etcd_findings(config.etcd) if f.check == "quorum"]
+        assert quorum.status == "fail" and "etcd has no quorum: 0 of 3 members up, 2 needed" in quorum.message, quorum
+        config = sandbox.up(2)  # starts the witnesses again, then adds h1's member
+        assert config.etcd is not None and len(config.etcd.endpoints) == 4
+        grown = sandbox.etcd.health()
+        assert sorted(m.name for m in grown.members if m.up) == ["h0", "h1", "witness1", "witness2"], grown
+        records = [r for m in sandbox.etcd.members() if (r := sandbox.etcd.running(m)) is not None]
+        assert len(records) == 4
+    finally:
+        sandbox.down()
+    assert sandbox.leftovers() == []
+    assert not [r for r in records if check(r) is ProcessStatus.RUNNING]
+    assert not paths.sandbox_dir.joinpath("etcd").exists()

@@ -146,7 +146,10 @@ class EtcdClient:
     def status(self, endpoint: str) -> EndpointStatus:
         """The member behind `endpoint`: its id, the leader it follows, version, term, alarms, health."""
         doc = self._post(endpoint, "/v3/maintenance/status")
-        health = self._request(endpoint, "GET", "/health")
+        try:
+            health = self._request(endpoint, "GET", "/health")
+        except DcsUnavailable:  # a member without a quorum may answer its status but not this
+            health = None
         healthy = isinstance(health, Mapping) and str(health.get("health")).lower() == "true"
         return EndpointStatus(
             endpoint=endpoint, member_id=str(doc.get("header", {}).get("member_id", "0")),
