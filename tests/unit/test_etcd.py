@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 from cryptography import x509
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
+from pgcarve.cli.main import main
 from pgcarve.config import EtcdConfig, FleetConfig
 from pgcarve.control.doctor_etcd import ETCD, decide, etcd_findings
 from pgcarve.dcs.etcd import EtcdClient
@@ -252,3 +253,23 @@ def test_a_member_runs_tls_both_ways_with_timeouts_for_a_busy_machine(tmp_path: 
     assert ELECTION_MS >= 10 * HEARTBEAT_MS  # etcd's tuning guide: an election timeout of 10 heartbeats or more
     later = dict(itertools.pairwise(member_args(cluster_[0], cluster_, "t", new=False)))
     assert later["--initial-cluster-state"] == "existing"  # a member started again, or added to a running cluster
+
+
+# -- certificates for real hosts (`pgcarve etcd-certificate`) -----------------------------------
+
+
+def test_the_cli_issues_member_and_client_certificates_from_the_fleet_ca(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("PGCARVE_STATE_DIR", str(tmp_path / "state"))
+    assert main(["etcd-certificate", "db1", "--ip", "192.0.2.11", "--dns", "db1.example.net",
+                 "--out", str(tmp_path / "db1")]) == 0
+    member = (tmp_path / "db1" / "db1.pem").read_bytes()
+    assert certificate_names(member) == (["db1.example.net"], ["192.0.2.11"])
+    assert usages(member) == {ExtendedKeyUsageOID.SERVER_AUTH, ExtendedKeyUsageOID.CLIENT_AUTH}
+    assert (tmp_path / "db1" / "db1.key").stat().st_mode & 0o777 == 0o600
+    assert (tmp_path / "db1" / "ca.pem").read_bytes() == (tmp_path / "state" / "tls" / "ca.pem").read_bytes()
+    assert main(["etcd-certificate", "pgcarve-manager", "--client", "--out", str(tmp_path / "mgr")]) == 0
+    assert usages((tmp_path / "mgr" / "pgcarve-manager.pem").read_bytes()) == {ExtendedKeyUsageOID.CLIENT_AUTH}
+    # A member certificate without an address is refused, and nothing is written.
+    assert main(["etcd-certificate", "db2", "--out", str(tmp_path / "db2")]) == 2
+    assert not (tmp_path / "db2").exists()
