@@ -18,12 +18,13 @@ pytest_plugins = ["tests.support.guest_script", "tests.support.timing"]
 # The order test modules run in, decided here rather than by file names: the fast tests first (a
 # typo fails within minutes), and the modules that boot guests in the order their fleets are
 # shared. test_carve.py boots the shared 3-host sandbox and leaves pgc-01 and pgc-02 in it;
+# test_etcd.py checks the sandbox's etcd (from a guest too) and leaves it as it was;
 # test_connect.py uses both and purges pgc-02; test_faults.py and test_host_failures.py play their
 # faults on pgc-01; the sandbox stops after its last user, then the ssh and Terraform sandboxes
 # boot their own guests. A new module runs after the listed ones of its directory, so adding a
 # file never moves a fleet.
 DIRECTORY_ORDER = ("unit", "integration", "browser", "monitoring")
-FLEET_ORDER = ("test_carve.py", "test_connect.py", "test_faults.py", "test_host_failures.py",
+FLEET_ORDER = ("test_carve.py", "test_etcd.py", "test_connect.py", "test_faults.py", "test_host_failures.py",
                "test_remote_hosts.py", "test_terraform.py")
 
 

@@ -12,10 +12,12 @@ from fastapi.responses import JSONResponse, Response
 from fastapi.staticfiles import StaticFiles
 from pgcarve.config import load_fleet_config
 from pgcarve.control.service import ManagerService
+from pgcarve.dcs.watch import EtcdWatch
 from pgcarve.errors import (
     CapacityError,
     ConfigError,
     Conflict,
+    DcsUnavailable,
     GuestNotReady,
     HostUnreachable,
     ImageMissing,
@@ -61,6 +63,7 @@ STATUS_FOR_ERROR: dict[type[PgcarveError], int] = {
     HostUnreachable: 503,
     LibvirtFailure: 502,
     GuestNotReady: 504,
+    DcsUnavailable: 503,
 }
 
 
@@ -135,7 +138,12 @@ def create_app(settings: Settings | None = None, service: ManagerService | None 
             app.state.service.start()
         else:
             advice_runs.register(app.state.service, app.state.advice)
-        app.state.registry = build_registry(app.state.service)
+        etcd = app.state.service.config.etcd
+        # Polled in the background only where collecting is on (PGCARVE_COLLECT), like the guests.
+        etcd_watch = EtcdWatch(etcd) if etcd is not None and settings.collect else None
+        if etcd_watch is not None:
+            etcd_watch.start()
+        app.state.registry = build_registry(app.state.service, etcd_watch)
         stop = asyncio.Event()
         collector = asyncio.create_task(app.state.service.run_collector(stop))
         try:
@@ -144,6 +152,8 @@ def create_app(settings: Settings | None = None, service: ManagerService | None 
             stop.set()
             with contextlib.suppress(Exception):
                 await asyncio.wait_for(collector, 10)
+            if etcd_watch is not None:
+                etcd_watch.stop()
             if owned:
                 app.state.service.stop()
 

@@ -20,9 +20,12 @@ from typing import Protocol
 from pgcarve.control.collector import Target
 from pgcarve.control.rates import Sample
 from pgcarve.control.service import ManagerService
+from pgcarve.dcs.watch import EtcdWatch
 from pgcarve.errors import PgcarveError
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector, CollectorRegistry
+
+from pgcarve_api.etcd_metrics import EtcdMetrics
 
 Family = CounterMetricFamily | GaugeMetricFamily
 
@@ -339,7 +342,9 @@ class FleetMetrics(Collector):
         yield failover
 
 
-def build_registry(service: ManagerService) -> CollectorRegistry:
+def build_registry(service: ManagerService, etcd: EtcdWatch | None = None) -> CollectorRegistry:
     registry = CollectorRegistry()
     registry.register(FleetMetrics(service))
+    if etcd is not None:
+        registry.register(EtcdMetrics(etcd))
     return registry

@@ -9,8 +9,9 @@ for real hosts.
 from __future__ import annotations
 
 import re
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 from typing import Literal
+from urllib.parse import urlsplit
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
@@ -129,6 +130,45 @@ class HostConfig(BaseModel):
         return value
 
 
+class EtcdConfig(BaseModel):
+    """Where the fleet's etcd answers, and the files the manager proves itself with (TLS only)."""
+
+    model_config = ConfigDict(extra="forbid")
+    endpoints: list[str] = Field(
+        min_length=1, max_length=16,
+        description="client URLs of the etcd members (https://ADDRESS:PORT); three or more members keep a quorum "
+                    "through the loss of one")
+    ca_file: str = Field(description="the CA certificate etcd's server certificates are checked against")
+    cert_file: str = Field(description="the manager's client certificate (clientAuth), signed by a CA etcd trusts")
+    key_file: str = Field(description="its private key (mode 0600)")
+    timeout_s: float = Field(3.0, ge=0.2, le=60, description="how long one request to one member may take")
+
+    @field_validator("endpoints")
+    @classmethod
+    def _endpoint_urls(cls, value: list[str]) -> list[str]:
+        for url in value:
+            parts = urlsplit(url)
+            try:
+                port = parts.port
+            except ValueError:
+                port = None
+            if parts.scheme != "https":
+                raise ValueError(f"etcd endpoint {url!r} must start with https:// (etcd is reached over TLS only)")
+            if not parts.hostname or port is None or parts.path not in ("", "/") or parts.query or parts.fragment \
+                    or parts.username is not None:
+                raise ValueError(f"etcd endpoint {url!r} is not https://ADDRESS:PORT (e.g. https://10.0.0.1:2379)")
+        if len(set(value)) != len(value):
+            raise ValueError(f"etcd endpoints are listed twice: {value}")
+        return [url.rstrip("/") for url in value]
+
+    @field_validator("ca_file", "cert_file", "key_file")
+    @classmethod
+    def _absolute(cls, value: str) -> str:
+        if not PurePosixPath(value).is_absolute():
+            raise ValueError(f"{value!r} must be an absolute path (the manager may run from any directory)")
+        return value
+
+
 class FleetConfig(BaseModel):
     model_config = ConfigDict(extra="forbid")
     fleet: str = Field("pgc", pattern=r"^[a-z][a-z0-9]{0,15}$", description="prefix of every guest name")
@@ -138,6 +178,7 @@ class FleetConfig(BaseModel):
     recovery: RecoveryPolicy = RecoveryPolicy()
     allowed_cidrs: list[str] = Field(default_factory=lambda: ["10.77.0.0/16"],
                                      description="networks allowed to log in to PostgreSQL")
+    etcd: EtcdConfig | None = Field(None, description="the fleet's etcd (Patroni's leader keys); doctor needs it")
     hosts: list[HostConfig]
 
     @field_validator("allowed_cidrs")

@@ -49,3 +49,7 @@ class GuestNotReady(PgcarveError):
 
 class SandboxError(PgcarveError):
     """The local sandbox could not be started, used or stopped."""
+
+
+class DcsUnavailable(PgcarveError):
+    """The DCS (etcd) could not be reached, refused pgcarve's certificate, or answered with an error."""

@@ -26,7 +26,7 @@ from pgcarve.control.fleet import Fleet
 from pgcarve.control.removal import remove_instance
 from pgcarve.control.retired import retired_instances
 from pgcarve.control.retirement import purge
-from pgcarve.processes import stop_pid
+from pgcarve.processes import ProcessStatus, check, stop_pid
 from pgcarve.sandbox.hosts import Sandbox
 from pgcarve.settings import Paths
 
@@ -195,12 +195,14 @@ def carve_env() -> Iterator[CarveEnv]:
                    hosts_file=hosts_file)
 
     def stop() -> None:
+        etcd = [r for m in sandbox.etcd.members() if (r := sandbox.etcd.running(m)) is not None]
         try:
             left = env.teardown()
         finally:
             shutil.rmtree(IT_STATE / "sandbox", ignore_errors=True)
         # An error in teardown if any guest, daemon or namespace survived.
         assert left == [], f"integration teardown left: {json.dumps(left)}"
+        assert etcd and not [r for r in etcd if check(r) is ProcessStatus.RUNNING], "an etcd member survived"
         out = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True, check=True).stdout
         assert sandbox.tag not in out, f"a namespace of sandbox {sandbox.tag} survived: {out}"
 

@@ -130,7 +130,9 @@ def test_a_healthy_host_is_ok_or_warned_about_and_nothing_fails(driver: LibvirtH
     assert "10.91.1.10-10.91.1.250 (241 addresses) in 10.91.1.0/24" in only(findings, "network", "ok").message
     assert only(findings, "route", "ok").message.startswith("this machine routes t0's guest subnet 10.91.1.0/24")
     assert routes.asked == ["10.91.1.10"]  # looked up, once, in the guest subnet
-    assert summary(findings, 1) == "1 host checked: nothing that would make a scale fail; 3 warnings"
+    # The fourth warning: the hosts file names no etcd (control/doctor_etcd.py, tests/unit/test_etcd.py).
+    assert "no etcd section in the hosts file" in only(findings, "etcd", "warn", host_name="(etcd)").message
+    assert summary(findings, 1) == "1 host checked: nothing that would make a scale fail; 4 warnings"
 
 
 def test_a_missing_network_fails_naming_it(driver: LibvirtHost, paths: Paths) -> None:
@@ -317,7 +319,7 @@ def test_cli_exit_code_and_summary(driver: LibvirtHost, tmp_path: Path, monkeypa
     sandboxed = host(reach="sandbox")  # no route lookup: the sandbox wires its hosts
     code, text = run_cli(tmp_path, config(sandboxed), monkeypatch, capsys)
     assert code == 0
-    assert text.rstrip().splitlines()[-1] == "1 host checked: nothing that would make a scale fail; 3 warnings"
+    assert text.rstrip().splitlines()[-1] == "1 host checked: nothing that would make a scale fail; 4 warnings"
     assert re.search(r"│ t0\s+│ route\s+│ ok\s+│ reach: sandbox", text)
 
     broken = config(host(reach="sandbox", network="nosuchnet"), host("s0", role="standby", uri=UNREACHABLE_URI))
@@ -325,7 +327,7 @@ def test_cli_exit_code_and_summary(driver: LibvirtHost, tmp_path: Path, monkeypa
     assert code == 1
     assert text.rstrip().splitlines()[-1] == (
         "2 hosts checked: 2 problems that would make a scale fail (t0: network nosuchnet is not defined on t0; "
-        f"s0: cannot connect to libvirt at {UNREACHABLE_URI}); 4 warnings")
+        f"s0: cannot connect to libvirt at {UNREACHABLE_URI}); 5 warnings")
 
     code, text = run_cli(tmp_path, broken, monkeypatch, capsys, "--format", "json")
     document = json.loads(text)

@@ -27,12 +27,14 @@ ALLOWED = {
     "pgcarve.virt": {"pgcarve.planning"},
     "pgcarve.postgres": set(),
     "pgcarve.guest": {"pgcarve.virt", "pgcarve.postgres", "pgcarve.planning"},
-    "pgcarve.sandbox": {"pgcarve.virt"},
-    "pgcarve.control": {"pgcarve.planning", "pgcarve.virt", "pgcarve.postgres", "pgcarve.guest", "pgcarve.sandbox"},
+    "pgcarve.dcs": set(),
+    "pgcarve.sandbox": {"pgcarve.virt", "pgcarve.guest", "pgcarve.dcs"},
+    "pgcarve.control": {"pgcarve.planning", "pgcarve.virt", "pgcarve.postgres", "pgcarve.guest", "pgcarve.sandbox",
+                        "pgcarve.dcs"},
     "pgcarve.tfvars": {"pgcarve.control", "pgcarve.guest", "pgcarve.virt", "pgcarve.planning"},
     "pgcarve.advice": {"pgcarve.control", "pgcarve.planning", "pgcarve.postgres", "pgcarve.guest", "pgcarve.virt"},
     "pgcarve.cli": {"pgcarve.control", "pgcarve.planning", "pgcarve.postgres", "pgcarve.sandbox", "pgcarve.tfvars",
-                    "pgcarve.guest", "pgcarve.virt", "pgcarve.advice"},
+                    "pgcarve.guest", "pgcarve.virt", "pgcarve.advice", "pgcarve.dcs"},
 }
 # A statement's opening words: what SQL sent to PostgreSQL starts with, and prose does not.
 SQL = re.compile(r"^\s*(/\*.*?\*/\s*)?(select\s+\S+.*\s(from|as)\s|select\s+pg_|insert\s+into\s|update\s+\w+\s+set\s|"

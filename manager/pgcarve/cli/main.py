@@ -7,6 +7,7 @@
     pgcarve plan --instances N      explain the CPU/NUMA plan (text, json or tfvars)
     pgcarve doctor                  check every host before a scale (exit 1 if a scale would fail)
     pgcarve advise                  measure whether carving this host helps, into how many guests, and why
+    pgcarve etcd-certificate NAME   an etcd member's (--ip ...) or client's (--client) certificate
     pgcarve load                    the experiment's insert load on every primary (pgbench)
     pgcarve scale N                 ask the running API server to scale
     pgcarve switchover NAME         hand the primary role to a standby (--to STANDBY), nothing lost
@@ -29,6 +30,7 @@ from pgcarve.cli import (
     advise_commands,
     connect_commands,
     doctor_commands,
+    etcd_commands,
     fleet_commands,
     ha_commands,
     sandbox_commands,
@@ -93,6 +95,7 @@ def build_parser(settings: Settings) -> argparse.ArgumentParser:
 
     doctor_commands.add_parser(sub)
     advise_commands.add_parser(sub)
+    etcd_commands.add_parser(sub)
 
     load = sub.add_parser("load", help="run the experiment's insert-only pgbench on every primary")
     load.add_argument("--seconds", type=int, default=20)

@@ -23,6 +23,11 @@ def cmd_sandbox(args: argparse.Namespace, settings: Settings) -> int:
         config = sandbox.up(args.hosts, progress=lambda m: console.print(f"sandbox: {m}"), transport=args.transport)
         for host in config.hosts:
             out.print(f"{host.name}  {host.role:<8} {host.uri}")
+        if config.etcd is not None:
+            members = sandbox.etcd.members()
+            out.print(f"etcd: {len(members)} members ({', '.join(m.name for m in members)}) on "
+                      f"{', '.join(m.client_url for m in members)}; the manager's endpoints: "
+                      f"{', '.join(config.etcd.endpoints)}")
         out.print(f"hosts file: {paths.sandbox_hosts_file}")
         if args.transport == "ssh":
             out.print(f"manager: run pgcarve in its namespace ({sandbox.manager.netns}, {sandbox.manager.address}) "

@@ -14,10 +14,12 @@ from collections import Counter
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
-from pgcarve.config import HostConfig
+from pgcarve.config import EtcdConfig, HostConfig
+from pgcarve.control.doctor_etcd import etcd_findings, probe_etcd
 from pgcarve.control.doctor_network import NetworkChecks, Route, Subnet, lookup_route, subnet_findings
 from pgcarve.control.doctor_report import FLEET, NOT_CHECKED, Finding, Status, plural
 from pgcarve.control.fleet import Fleet
+from pgcarve.dcs.etcd import Probe
 from pgcarve.errors import CapacityError, ConfigError, ImageMissing, PgcarveError
 from pgcarve.guest.image import LocalImage
 from pgcarve.planning.placement import Placement, planner_config
@@ -46,10 +48,12 @@ class Target:
 
 
 class Doctor:
-    """Runs every check on a fleet's hosts (`run`). `route` and `probe` are seams for tests."""
+    """Runs every check on a fleet's hosts and its etcd (`run`). `route`, `probe` and `etcd_probe`
+    are seams for tests."""
 
     def __init__(self, fleet: Fleet, instances: int | None = None, *, upload_image: bool = False,
-                 route: Callable[[str], Route] = lookup_route, probe: KvmProbe = probe_kvm):
+                 route: Callable[[str], Route] = lookup_route, probe: KvmProbe = probe_kvm,
+                 etcd_probe: Callable[[EtcdConfig], Probe] = probe_etcd):
         if instances is not None and instances < 0:
             raise ConfigError(f"instance count must be >= 0, not {instances}")
         self.fleet = fleet
@@ -58,6 +62,7 @@ class Doctor:
         self.upload_image = upload_image
         self.route = route
         self.probe = probe
+        self.etcd_probe = etcd_probe
 
     def run(self) -> list[Finding]:
         """Every finding, the fleet's first, then each host's in hosts-file order."""
@@ -75,6 +80,7 @@ class Doctor:
         for host in reachable:
             findings += self._host(host, target, network, subnets)
         findings += subnet_findings(self.config, subnets)
+        findings += etcd_findings(self.config.etcd, self.etcd_probe)
         findings.append(Finding(FLEET, "clock", "warn", (
             f"clock skew {NOT_CHECKED}: libvirt has no call that reads a host's clock without a guest agent; keep "
             "every host and this machine synchronised (chrony or systemd-timesyncd; `chronyc tracking` shows the "

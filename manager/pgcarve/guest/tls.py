@@ -1,9 +1,14 @@
-"""The fleet's certificate authority, and the server certificates it issues.
+"""The fleet's certificate authority, and the certificates it issues.
 
 One CA per state directory: `<state>/tls/ca.key` (the private key, 0600) and `<state>/tls/ca.pem`
 (its certificate, public). It is made once, on first use, and reused for ten years; guests'
 PostgreSQL servers and the API server get certificates from it, and clients verify them with
 ca.pem (`GET /v1/ca.pem`; libpq `sslmode=verify-ca`, or `verify-full` when the name matches).
+
+etcd needs both kinds (`issue_certificate`): each member a certificate that is a server (clients
+and peers verify its IP addresses) and a client (it dials its peers, who check it); the manager,
+and later each guest's Patroni, a client certificate whose common name says who it is (etcd takes
+a client certificate's CN as its user name once authentication is on).
 
 The functions here are pure (PEM bytes in, PEM bytes out); `FleetCA` is the one place that reads
 and writes the files.
@@ -61,7 +66,7 @@ def _now(now: dt.datetime | None) -> dt.datetime:
 
 
 def new_ca(common_name: str | None = None, now: dt.datetime | None = None) -> KeyAndCertificate:
-    """A new self-signed CA (ECDSA P-256, ten years) that may sign server certificates only."""
+    """A new self-signed CA (ECDSA P-256, ten years) that signs leaf certificates only (path length 0)."""
     key = _new_key()
     # A random suffix keeps every fleet's CA name distinct, so a client trusting two never mixes them up.
     name = x509.Name([
@@ -114,12 +119,24 @@ def _load_ca(ca: KeyAndCertificate) -> tuple[SigningKey, x509.Certificate]:
     return key, x509.load_pem_x509_certificate(ca.cert_pem)
 
 
-def issue_server_certificate(ca: KeyAndCertificate, dns_names: Sequence[str] = (),
-                             ip_addresses: Sequence[str] = (), validity: dt.timedelta = SERVER_VALIDITY,
-                             now: dt.datetime | None = None) -> KeyAndCertificate:
-    """A new key and a server certificate (serverAuth) signed by `ca`, for exactly these DNS
-    names and IP addresses (subjectAltName; the first also names the subject)."""
-    dns, ips = check_names(dns_names, ip_addresses)
+def issue_certificate(ca: KeyAndCertificate, *, common_name: str | None = None, dns_names: Sequence[str] = (),
+                      ip_addresses: Sequence[str] = (), server: bool = True, client: bool = False,
+                      validity: dt.timedelta = SERVER_VALIDITY, now: dt.datetime | None = None) -> KeyAndCertificate:
+    """A new key and a certificate signed by `ca`, for TLS servers (serverAuth: then exactly these
+    DNS names and IP addresses, in subjectAltName), TLS clients (clientAuth), or both.
+
+    The subject's common name is `common_name`, else the first name or address. A client-only
+    certificate needs a common name and may list no names; a server certificate needs at least one.
+    """
+    if not server and not client:
+        raise ConfigError("a certificate must be for a server, a client, or both")
+    if server:
+        dns, ips = check_names(dns_names, ip_addresses)
+    else:
+        dns, ips = check_names(dns_names, ip_addresses) if (dns_names or ip_addresses) else ([], [])
+    subject = common_name or (dns or ips or [""])[0]
+    if not subject or len(subject) > 64 or not subject.isprintable():
+        raise ConfigError(f"{subject!r} cannot be a certificate's common name (1 to 64 printable characters)")
     ca_key, ca_cert = _load_ca(ca)
     key = _new_key()
     public = key.public_key()
@@ -127,27 +144,41 @@ def issue_server_certificate(ca: KeyAndCertificate, dns_names: Sequence[str] = (
     not_after = min(start + validity, ca_cert.not_valid_after_utc)  # never outlive the CA
     sans: list[x509.GeneralName] = [x509.DNSName(n) for n in dns]
     sans += [x509.IPAddress(ipaddress.ip_address(a)) for a in ips]
+    usages = [usage for usage, wanted in ((ExtendedKeyUsageOID.SERVER_AUTH, server),
+                                          (ExtendedKeyUsageOID.CLIENT_AUTH, client)) if wanted]
     ca_ski = ca_cert.extensions.get_extension_for_class(x509.SubjectKeyIdentifier).value
-    cert = (
+    builder = (
         x509.CertificateBuilder()
         .subject_name(x509.Name([x509.NameAttribute(NameOID.ORGANIZATION_NAME, "pgcarve"),
-                                 x509.NameAttribute(NameOID.COMMON_NAME, (dns or ips)[0])]))
+                                 x509.NameAttribute(NameOID.COMMON_NAME, subject)]))
         .issuer_name(ca_cert.subject)
         .public_key(public)
         .serial_number(x509.random_serial_number())
         .not_valid_before(start)
         .not_valid_after(not_after)
-        .add_extension(x509.SubjectAlternativeName(sans), critical=False)
+    )
+    if sans:
+        builder = builder.add_extension(x509.SubjectAlternativeName(sans), critical=False)
+    cert = (
+        builder
         .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
         .add_extension(x509.KeyUsage(digital_signature=True, content_commitment=False, key_encipherment=False,
                                      data_encipherment=False, key_agreement=False, key_cert_sign=False,
                                      crl_sign=False, encipher_only=False, decipher_only=False), critical=True)
-        .add_extension(x509.ExtendedKeyUsage([ExtendedKeyUsageOID.SERVER_AUTH]), critical=False)
+        .add_extension(x509.ExtendedKeyUsage(usages), critical=False)
         .add_extension(x509.SubjectKeyIdentifier.from_public_key(public), critical=False)
         .add_extension(x509.AuthorityKeyIdentifier.from_issuer_subject_key_identifier(ca_ski), critical=False)
         .sign(ca_key, hashes.SHA256())
     )
     return KeyAndCertificate(_key_pem(key), cert.public_bytes(serialization.Encoding.PEM))
+
+
+def issue_server_certificate(ca: KeyAndCertificate, dns_names: Sequence[str] = (),
+                             ip_addresses: Sequence[str] = (), validity: dt.timedelta = SERVER_VALIDITY,
+                             now: dt.datetime | None = None) -> KeyAndCertificate:
+    """A new key and a server certificate (serverAuth) signed by `ca`, for exactly these DNS
+    names and IP addresses (subjectAltName; the first also names the subject)."""
+    return issue_certificate(ca, dns_names=dns_names, ip_addresses=ip_addresses, validity=validity, now=now)
 
 
 def certificate_names(cert_pem: bytes) -> tuple[list[str], list[str]]:
@@ -254,12 +285,24 @@ class FleetCA:
                                  ip_addresses: Sequence[str] = ()) -> KeyAndCertificate:
         return issue_server_certificate(self.ensure(), dns_names, ip_addresses)
 
+    def issue_certificate(self, *, common_name: str | None = None, dns_names: Sequence[str] = (),
+                          ip_addresses: Sequence[str] = (), server: bool = True,
+                          client: bool = False) -> KeyAndCertificate:
+        """See the module's `issue_certificate`."""
+        return issue_certificate(self.ensure(), common_name=common_name, dns_names=dns_names,
+                                 ip_addresses=ip_addresses, server=server, client=client)
+
     def write_server_certificate(self, name: str, issued: KeyAndCertificate) -> tuple[Path, Path]:
         """Write `issued` as `<name>.pem` and `<name>.key` (0600) beside the CA; their paths."""
-        if not re.fullmatch(r"[a-z0-9][a-z0-9_-]{0,63}", name):
-            raise ConfigError(f"{name!r} is not a certificate file name (lower-case letters, digits, '-', '_')")
-        self.directory.mkdir(parents=True, exist_ok=True, mode=0o755)
-        cert_file, key_file = self.directory / f"{name}.pem", self.directory / f"{name}.key"
-        _write_private(key_file, issued.key_pem)
-        _write_public(cert_file, issued.cert_pem)
-        return cert_file, key_file
+        return write_key_and_certificate(self.directory, name, issued)
+
+
+def write_key_and_certificate(directory: Path, name: str, issued: KeyAndCertificate) -> tuple[Path, Path]:
+    """Write `issued` as `<directory>/<name>.pem` and `<name>.key` (0600); their paths."""
+    if not re.fullmatch(r"[a-z0-9][a-z0-9_-]{0,63}", name):
+        raise ConfigError(f"{name!r} is not a certificate file name (lower-case letters, digits, '-', '_')")
+    directory.mkdir(parents=True, exist_ok=True, mode=0o755)
+    cert_file, key_file = directory / f"{name}.pem", directory / f"{name}.key"
+    _write_private(key_file, issued.key_pem)
+    _write_public(cert_file, issued.cert_pem)
+    return cert_file, key_file

@@ -31,8 +31,11 @@ from pathlib import Path
 import pgcarve.processes as processes
 from pgcarve.config import FleetConfig, HostConfig, InstanceSize, Replication, write_fleet_config
 from pgcarve.errors import SandboxError
+from pgcarve.guest.tls import FleetCA
 from pgcarve.processes import ProcessRecord, ProcessStatus
+from pgcarve.sandbox.etcd import SandboxEtcd
 from pgcarve.sandbox.forward import ForwardRegistry
+from pgcarve.sandbox.libvirt_files import START_DAEMONS, write_libvirt_config
 from pgcarve.sandbox.namespaces import NETNS_DIR, netns_exists, run_checked, same_netns, stop_namespace_processes
 from pgcarve.sandbox.remote import SSHD, TRANSPORTS, ManagerSide, authorize, host_public_key, sshd_config, wire_manager
 from pgcarve.virt.host import LibvirtHost
@@ -44,26 +47,6 @@ WIRE_PREFIX = "10.76.0."
 NETWORK_NAME = "pgcarve"
 GUEST_BRIDGE = "pgcbr0"  # the guests' bridge inside each host's namespace
 MAX_HOSTS = 8
-
-# Runs inside `ip netns exec NS unshare --mount`: make the libvirt paths private, then start the
-# daemons. Values arrive as positional arguments, never pasted into the script.
-_START_DAEMONS = r"""
-set -eu
-host_dir=$1
-mount --make-rprivate /
-mount -t tmpfs -o mode=0755 pgcarve-run /run
-mkdir -p /run/libvirt /run/lock
-for d in etc:/etc/libvirt lib:/var/lib/libvirt log:/var/log/libvirt cache:/var/cache/libvirt; do
-  mkdir -p "$host_dir/${d%%:*}" "${d#*:}"
-  mount --bind "$host_dir/${d%%:*}" "${d#*:}"
-done
-# What runs on the host over ssh (virt-ssh-helper) looks for libvirtd's socket where it would be.
-ln -s "$2/libvirt-sock" /run/libvirt/libvirt-sock
-virtlogd -d -p "$host_dir/pids/virtlogd.pid" -f /etc/libvirt/virtlogd.conf
-libvirtd -d -p "$host_dir/pids/libvirtd.pid" -f /etc/libvirt/libvirtd.conf
-if [ -n "$3" ]; then mkdir -p /run/sshd && /usr/sbin/sshd -f "$3"; fi
-"""
-
 
 def machine_cores_per_socket() -> int:
     """Physical cores in this machine's first socket (from sysfs; 1 if it cannot be read)."""
@@ -115,6 +98,9 @@ class Sandbox:
         self.tag = hashlib.sha256(str(self.directory).encode()).hexdigest()[:6]
         self.socket_root = Path(f"/var/tmp/pgcarve-{self.tag}")
         self.forwards = ForwardRegistry(self.directory / "forwards")
+        # etcd's certificates come from the state directory's fleet CA (the sandbox is <state>/sandbox).
+        self.etcd = SandboxEtcd(self.directory, self.tag, self.wire_netns, FleetCA(self.directory.parent / "tls"),
+                                self.forwards)
 
     @property
     def wire_netns(self) -> str:
@@ -244,6 +230,7 @@ class Sandbox:
             self.manager.write_client_files({h.address: host_public_key(h.directory) for h in self.hosts()})
             wire_manager(self.manager, self.wire_netns,
                          {GUEST_NET.format(i=h.index): h.address for h in self.hosts()}, run_checked)
+        self.etcd.up([(h.name, h.netns, h.address) for h in self.hosts()], progress)
         config = self.fleet_config(hosts, size)
         write_fleet_config(config, self.directory / "hosts.yaml")
         return config
@@ -274,6 +261,7 @@ class Sandbox:
             replication=Replication(standbys=standbys, sync_mode="FIRST", sync_count=1,
                                     synchronous_commit="remote_write", retire_catch_up_s=120),
             allowed_cidrs=["10.77.0.0/16", "10.76.0.0/24"],
+            etcd=self.etcd.config(direct=ssh) if self.etcd.members() else None,
             hosts=host_configs,
         )
 
@@ -293,7 +281,7 @@ class Sandbox:
         for sub in ("etc", "lib", "log/qemu", "cache", "pids"):
             (host.directory / sub).mkdir(parents=True, exist_ok=True)
         host.socket_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
-        self._write_libvirt_config(host)
+        write_libvirt_config(host.directory, host.socket_dir)
         if not netns_exists(host.netns):
             run_checked(["ip", "netns", "add", host.netns])
             run_checked(["ip", "-n", host.netns, "link", "set", "lo", "up"])
@@ -315,7 +303,7 @@ class Sandbox:
             sshd = str(sshd_config(host.directory, host.address))
             authorize(host.directory, self.manager.key)
         self.run_reaped(host, ["ip", "netns", "exec", host.netns, "unshare", "--mount", "--propagation", "private",
-                                "sh", "-c", _START_DAEMONS, "pgcarve-sandbox", str(host.directory),
+                                "sh", "-c", START_DAEMONS, "pgcarve-sandbox", str(host.directory),
                                 str(host.socket_dir), sshd])
         lv = self.wait_libvirtd(host)
         self.record_daemons(host, ("virtlogd", "libvirtd", "sshd") if sshd else ("virtlogd", "libvirtd"))
@@ -331,6 +319,8 @@ class Sandbox:
             raise SandboxError(f"sandbox host {host.name} has no namespace any more: start the sandbox again "
                                "(`pgcarve sandbox up`)")
         self._host_up(host, len(self.hosts()), lambda _m: None)
+        if any(m.name == host.name for m in self.etcd.members()):
+            self.etcd.start_member(host.name)
 
     def run_reaped(self, host: SandboxHost, args: list[str]) -> None:
         """Run a command that starts daemons, under a reaper of their orphans (see reaper.py).
@@ -341,25 +331,6 @@ class Sandbox:
     def _reapers(self, host: SandboxHost) -> list[ProcessRecord]:
         return [record for record_file in (host.directory / "pids").glob("reaper-*.json")
                 if (record := processes.running_record(record_file)) is not None]
-
-    def _write_libvirt_config(self, host: SandboxHost) -> None:
-        etc = host.directory / "etc"
-        log = "/var/log/libvirt"
-        (etc / "libvirtd.conf").write_text(
-            "# pgcarve sandbox host: unix socket only, in a directory outside the private /run\n"
-            f'unix_sock_dir = "{host.socket_dir}"\n'
-            'unix_sock_rw_perms = "0700"\n'
-            'auth_unix_rw = "none"\n'
-            'auth_unix_ro = "none"\n'
-            f'log_outputs = "3:file:{log}/libvirtd.log"\n'
-        )
-        (etc / "virtlogd.conf").write_text(f'log_outputs = "3:file:{log}/virtlogd.log"\n')
-        (etc / "qemu.conf").write_text(
-            "# Guests run as root inside the sandbox; no MAC security driver in a namespace.\n"
-            'user = "root"\ngroup = "root"\nsecurity_driver = "none"\nremember_owner = 0\n'
-        )
-        for name in ("network.conf",):
-            (etc / name).write_text("")
 
     # -- inside a host ------------------------------------------------------------------------
 
@@ -403,6 +374,7 @@ class Sandbox:
     def down(self, progress: Callable[[str], None] = lambda _m: None) -> None:
         """Stop every guest, daemon, forward and namespace of this sandbox, by PID."""
         self.forwards.remove_all()
+        self.etcd.down()
         for host in self.hosts():
             progress(f"stopping sandbox host {host.name}")
             if self.daemon(host, "libvirtd"):
@@ -447,4 +419,4 @@ class Sandbox:
                 left.append(f"namespace {netns}")
         if self.socket_root.exists():
             left.append(f"directory {self.socket_root}")
-        return left
+        return left + self.etcd.leftovers()
