@@ -18,7 +18,7 @@ Slots come from the planner (plan_host), which never moves an existing slot as t
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from pgcarve.config import FleetConfig, HostConfig, InstanceSize
 from pgcarve.errors import CapacityError, ConfigError
@@ -39,6 +39,9 @@ class Placement:
 
     config: FleetConfig
     topologies: Mapping[str, HostTopology]
+    # Each host's capacity, planned once: hosts_for and slot ask for it host after host, for
+    # every instance of a scale.
+    _capacities: dict[str, int] = field(default_factory=dict, init=False, compare=False, repr=False)
 
     @property
     def planner(self) -> PlannerConfig:
@@ -46,7 +49,10 @@ class Placement:
 
     def host_capacity(self, host: str) -> int:
         """Instance slots on one host."""
-        return capacity(self.topologies[host], self.planner)
+        found = self._capacities.get(host)
+        if found is None:
+            found = self._capacities[host] = capacity(self.topologies[host], self.planner)
+        return found
 
     def capacity(self) -> int:
         """Instances the fleet can hold: primary hosts' slots, limited by the standby hosts'."""

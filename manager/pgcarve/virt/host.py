@@ -12,7 +12,7 @@ import contextlib
 import threading
 import time
 import xml.etree.ElementTree as ET
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 import libvirt
@@ -199,19 +199,23 @@ class LibvirtHost:
             if dom.isActive():
                 dom.destroy()
 
-    def guests(self, fleet: str | None = None) -> list[GuestInfo]:
-        """Every domain carrying pgcarve metadata (of one fleet, if given), sorted by name."""
+    def guests(self, fleet: str | None = None, named: Callable[[str], bool] | None = None) -> list[GuestInfo]:
+        """Every domain carrying pgcarve metadata (of one fleet, if given), sorted by name; with
+        `named`, only domains whose name it accepts are read (a name is known without asking
+        libvirtd again, the rest of a guest's facts take several calls)."""
         try:
-            return self._list_guests(fleet)
+            return self._list_guests(fleet, named)
         except HostUnreachable:
             # Without an event loop, a connection closed by a libvirtd restart is noticed only
             # by the next call. Listing changes nothing: once more, on a fresh connection.
-            return self._list_guests(fleet)
+            return self._list_guests(fleet, named)
 
-    def _list_guests(self, fleet: str | None) -> list[GuestInfo]:
+    def _list_guests(self, fleet: str | None, named: Callable[[str], bool] | None) -> list[GuestInfo]:
         with self.translate("listing guests"):
             found = []
             for dom in self.conn.listAllDomains(0):
+                if named is not None and not named(dom.name()):
+                    continue
                 try:
                     info = self._guest_info(dom)
                 except libvirt.libvirtError as exc:
