@@ -1,0 +1,232 @@
+"""The control plane's cost at many instances (issue 32, item 8), pinned by counting what it does
+rather than timing it (the times are the benchmark's: bench/control_plane.py).
+
+A scale reads libvirt's whole fleet once for its decision; each instance it creates is read back
+alone; every decision still sees every instance made before it; the API still lists every
+instance. On libvirt's test driver with two simulated hosts: the real Fleet, Scaler, Provisioner
+and API; no guest boots.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import Counter
+from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import pytest
+from fastapi.testclient import TestClient
+from pgcarve.control.fleet import Fleet
+from pgcarve.control.provisioning import Provisioner
+from pgcarve.control.scaler import Scaler
+from pgcarve.control.service import ManagerService
+from pgcarve.errors import NotFound
+from pgcarve.guest.credentials import InstanceSecretStore
+from pgcarve.naming import guest_of, index_of, instance_name
+from pgcarve.planning import placement as placement_module
+from pgcarve.planning.topology import parse_capabilities
+from pgcarve.settings import Paths
+from pgcarve.virt.host import GuestInfo, LibvirtHost
+
+from bench import simulated_hosts
+from tests.support import testdriver as td
+from tests.support.api import app_for
+
+TOKEN = "scale-at-size-token-0123456789abcdef"
+SIZE = 70  # more than one simulated host holds (62): both hosts take instances
+
+
+def _fleet(tmp_path: Path, hosts: int = 2) -> Fleet:
+    sim = simulated_hosts  # (the module: pytest would collect testdriver_* names as tests)
+    td_file = sim.ensure_fixture(sim.TESTDRIVER_FILE, sim.testdriver_xml())
+    caps = sim.ensure_fixture(sim.CAPABILITIES_FILE, sim.capabilities_xml()).read_text()
+    config = sim.testdriver_config(hosts, f"test://{td_file.resolve()}")
+    return td.testdriver_fleet(config, Paths(tmp_path / "state", image_dir=td.stand_in_image(tmp_path / "image")),
+                               caps)
+
+
+class Counting:
+    """Counts, on one fleet, full listings (Fleet.guests() without a name filter), guests read
+    from libvirt one by one (LibvirtHost._guest_info), and instances created, by index."""
+
+    def __init__(self, fleet: Fleet, monkeypatch: pytest.MonkeyPatch):
+        self.full_listings = 0
+        self.guests_read = 0
+        self.created: Counter[int] = Counter()
+        self._lock = threading.Lock()
+        listing = fleet.guests
+
+        def guests(named: Callable[[str], bool] | None = None) -> list[GuestInfo]:
+            if named is None:
+                with self._lock:
+                    self.full_listings += 1
+            return listing(named)
+
+        monkeypatch.setattr(fleet, "guests", guests)
+        read = LibvirtHost._guest_info
+
+        def guest_info(host: LibvirtHost, dom: object) -> GuestInfo | None:
+            with self._lock:
+                self.guests_read += 1
+            return read(host, dom)
+
+        monkeypatch.setattr(LibvirtHost, "_guest_info", guest_info)
+
+    def reset(self) -> None:
+        self.full_listings = self.guests_read = 0
+        self.created.clear()
+
+
+@pytest.fixture
+def fleet(tmp_path: Path) -> Iterator[Fleet]:
+    f = _fleet(tmp_path)
+    yield f
+    f.close()
+
+
+class Scaled:
+    """A fleet scaled 0 -> SIZE once for the module (each scale of it costs seconds), with what
+    that scale did."""
+
+    def __init__(self, fleet: Fleet, counting: Counting, plan_create: tuple[int, ...]):
+        self.fleet, self.counting, self.plan_create = fleet, counting, plan_create
+        self.full_listings, self.guests_read = counting.full_listings, counting.guests_read
+        self.created = Counter(counting.created)
+
+
+@pytest.fixture(scope="module")
+def scaled(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Scaled]:
+    fleet = _fleet(tmp_path_factory.mktemp("scaled"))
+    with pytest.MonkeyPatch.context() as monkeypatch:
+        counting = Counting(fleet, monkeypatch)
+        plan = _scaler(fleet, counting).scale(SIZE)
+        yield Scaled(fleet, counting, plan.create)
+    fleet.close()
+
+
+def _scaler(fleet: Fleet, counting: Counting) -> Scaler:
+    provisioner = Provisioner(fleet, ready=td.accepts_sql_at_once(fleet))
+    create = provisioner.create_instance
+
+    def counted(index: int, *args: object, **kwargs: object) -> object:
+        with counting._lock:
+            counting.created[index] += 1
+        return create(index, *args, **kwargs)  # type: ignore[arg-type]
+
+    provisioner.create_instance = counted  # type: ignore[method-assign,assignment]
+    return Scaler(fleet, provisioner=provisioner)
+
+
+def test_a_scale_lists_the_fleet_once_and_creates_each_instance_once(scaled: Scaled) -> None:
+    fleet = scaled.fleet
+    assert scaled.plan_create == tuple(range(1, SIZE + 1))
+    assert scaled.created == Counter(range(1, SIZE + 1)), "each instance created exactly once"
+    # One listing for the capacity check and the decision together; each new instance is then
+    # read back alone. Before, every creation listed the whole fleet again (cost ~ N squared).
+    assert scaled.full_listings == 1
+    # Each guest read once where it is made ready and once when its instance is read back, plus
+    # the guests the one listing reads (none: the fleet was empty).
+    assert scaled.guests_read <= 2 * SIZE
+    observed = fleet.observe(with_endpoints=False)
+    assert [i.index for i in observed] == list(range(1, SIZE + 1))
+    assert {i.primary.info.host for i in observed if i.primary} == {"db1", "db2"}
+    assert not any(i.primary.info.creating for i in observed if i.primary), "every instance finished"
+
+
+def test_every_decision_sees_the_instances_made_before_it(fleet: Fleet, monkeypatch: pytest.MonkeyPatch) -> None:
+    counting = Counting(fleet, monkeypatch)
+    scaler = _scaler(fleet, counting)
+    assert scaler.scale(5).create == (1, 2, 3, 4, 5)
+    assert scaler.scale(9).create == (6, 7, 8, 9), "the first scale's instances are seen"
+    # One made outside this scaler (another path of the manager) is seen by the next decision too.
+    Provisioner(fleet, ready=td.accepts_sql_at_once(fleet)).create_instance(12)
+    counting.reset()
+    plan = scaler.scale(12)
+    assert plan.create == (10, 11) and counting.created == Counter({10: 1, 11: 1})
+    assert scaler.scale(12).create == () and counting.created == Counter({10: 1, 11: 1}), "nothing made twice"
+    plan = scaler.scale(7)
+    assert plan.retire == (12, 11, 10, 9, 8)
+    assert [i.index for i in fleet.observe(with_endpoints=False)] == list(range(1, 8))
+    assert scaler.scale(9).revive == (8, 9), "retired instances come back, not new ones"
+
+
+def test_an_instance_is_read_alone(scaled: Scaled) -> None:
+    """Fleet.instance / instance_at read only the instance's own guests, whatever the fleet's size,
+    and create_instance returns what libvirt holds (read back, not remembered)."""
+    fleet, counting = scaled.fleet, scaled.counting
+    counting.reset()
+    name = instance_name(fleet.config.fleet, 64)  # on the second host
+    inst = fleet.instance(name)
+    assert inst.name == name and inst.index == 64 and inst.primary is not None
+    assert inst.primary.info == fleet.hosts["db2"].guest(name)
+    assert counting.full_listings == 0 and counting.guests_read == 2, "its one guest, and the check's read"
+    assert fleet.instance_at(SIZE + 1) is None
+    for missing in (instance_name(fleet.config.fleet, SIZE + 1), f"{fleet.config.fleet}-7", "other-01", "pgcbench"):
+        with pytest.raises(NotFound):
+            fleet.instance(missing)
+    returned = Provisioner(fleet, ready=td.accepts_sql_at_once(fleet)).create_instance(SIZE + 1)
+    try:
+        assert returned == fleet.instance_at(SIZE + 1) and returned.primary is not None
+        assert not returned.primary.info.creating, "read after its creating mark was taken off"
+    finally:
+        _scaler(fleet, counting).scale(SIZE)  # the module's fleet as it was
+
+
+def test_guest_names_of_an_instance() -> None:
+    assert guest_of("pgc-01", "pgc-01") and guest_of("pgc-01", "pgc-01-s1") and guest_of("pgc-01", "pgc-01-s4")
+    assert not guest_of("pgc-01", "pgc-010") and not guest_of("pgc-01", "pgc-01-s")
+    assert not guest_of("pgc-01", "pgc-01-sx") and not guest_of("pgc-10", "pgc-100-s1")
+    assert not guest_of("pgc-01", "pgc-02-s1") and not guest_of("pgc-01", "xpgc-01")
+    assert index_of("pgc", "pgc-07") == 7 and index_of("pgc", "pgc-100") == 100 and index_of("pgc", "pgc-1024") == 1024
+    for name in ("pgc-7", "pgc-", "pgc", "other-07", "pgc-07-s1", "pgc-0x"):
+        assert index_of("pgc", name) is None, name
+
+
+def test_listing_at_size_returns_every_instance(scaled: Scaled) -> None:
+    fleet = scaled.fleet
+    service = ManagerService(fleet.config, fleet.paths, collect=False, supervise=False)
+    service.fleet = fleet
+    service.refresh()
+    with TestClient(app_for(service, token=TOKEN), base_url="http://127.0.0.1:8080") as client:
+        first = client.get("/v1/instances")
+        assert first.status_code == 200
+        docs = first.json()
+        assert [d["name"] for d in docs] == [instance_name(fleet.config.fleet, i) for i in range(1, SIZE + 1)]
+        assert {d["host"] for d in docs} == {"db1", "db2"} and all(d["state"] == "running" for d in docs)
+        assert client.get("/v1/instances").content == first.content, "served again from the same snapshot"
+    service.operations.stop()
+
+
+def test_placement_plans_each_host_once(fleet: Fleet, monkeypatch: pytest.MonkeyPatch) -> None:
+    planned: Counter[int] = Counter()
+    capacity = placement_module.capacity
+
+    def counted(topology: object, config: object) -> int:
+        planned[id(topology)] += 1
+        return capacity(topology, config)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(placement_module, "capacity", counted)
+    placement = fleet.placement
+    assert fleet.placement is placement, "kept: the topologies and config it derives from do not change"
+    hosts = [placement.hosts_for(i)[0].name for i in range(1, 125)]
+    assert hosts == ["db1"] * 62 + ["db2"] * 62 and placement.capacity() == 124
+    assert sum(planned.values()) == 2, "one plan per host, not one per instance and host"
+
+
+def test_simulated_hosts_are_sized_from_the_count() -> None:
+    topology = parse_capabilities(simulated_hosts.capabilities_xml())
+    sizes = {n: simulated_hosts.hosts_for(n, topology) for n in (1, 62, 63, 256, 992, 993, 1024)}
+    assert sizes == {1: 1, 62: 1, 63: 2, 256: 5, 992: 16, 993: 17, 1024: 17}
+
+
+def test_instance_secrets_made_side_by_side_are_one_set(tmp_path: Path) -> None:
+    """Made without a lock (a hard link appears whole or not at all): threads asking at once for
+    one instance's passwords all get the same ones, written 0600, with no temporary file left."""
+    store = InstanceSecretStore(tmp_path / "instances")
+    with ThreadPoolExecutor(max_workers=8) as pool:
+        got = list(pool.map(lambda _i: store.load_or_create("pgc-01"), range(32)))
+    assert len(set(got)) == 1 and store.load("pgc-01") == got[0]
+    assert sorted(p.name for p in (tmp_path / "instances").iterdir()) == ["pgc-01.json"]
+    assert (tmp_path / "instances" / "pgc-01.json").stat().st_mode & 0o777 == 0o600
+    assert (tmp_path / "instances").stat().st_mode & 0o777 == 0o700
