@@ -230,3 +230,30 @@ def test_instance_secrets_made_side_by_side_are_one_set(tmp_path: Path) -> None:
     assert sorted(p.name for p in (tmp_path / "instances").iterdir()) == ["pgc-01.json"]
     assert (tmp_path / "instances" / "pgc-01.json").stat().st_mode & 0o777 == 0o600
     assert (tmp_path / "instances").stat().st_mode & 0o777 == 0o700
+
+
+def test_a_refresh_that_finds_nothing_new_keeps_the_listing(scaled: Scaled) -> None:
+    """The documents (and so their encoding) are built again only when a refresh finds a change:
+    in libvirt, or in the work holding an instance."""
+    fleet = scaled.fleet
+    service = ManagerService(fleet.config, fleet.paths, collect=False, supervise=False)
+    service.fleet = fleet
+    service.refresh()
+    docs = service.instance_docs()
+    assert len(docs) == SIZE
+    service.refresh()
+    assert service.instance_docs() is docs, "nothing changed: the same documents"
+    with fleet.locks.exclusive(3, "reviving"):
+        service.refresh()
+        held = service.instance_docs()
+        assert held is not docs and held[2]["state"] == "reviving" and held[2]["dsn"] is None
+    service.refresh()
+    again = service.instance_docs()
+    assert again is not held and again[2]["state"] == "running"
+    fleet.hosts["db1"].stop(instance_name(fleet.config.fleet, 5))
+    try:
+        service.refresh()
+        assert service.instance_docs()[4]["state"] == "shut-off", "a change in libvirt is listed"
+    finally:
+        fleet.hosts["db1"].start(instance_name(fleet.config.fleet, 5))
+    service.operations.stop()

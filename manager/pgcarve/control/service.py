@@ -12,7 +12,7 @@ import contextlib
 import logging
 import threading
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from typing import Any
 
 from pgcarve.config import FleetConfig
@@ -56,6 +56,13 @@ class FleetView:
     observed_at: float
     error: str | None = None
     retired: tuple[RetiredInstance, ...] = ()  # kept disks, no guests (control/retired.py)
+    busy: tuple[tuple[int, str], ...] = ()  # instances held by work then (Fleet.locks), by index
+
+    def content(self) -> tuple[object, ...]:
+        """What the instances' documents are built from: the same objects for as long as
+        refreshes find nothing changed (ManagerService.refresh keeps them), so comparing
+        contents is quick until something changes."""
+        return self.instances, self.retired, self.error, self.busy
 
 
 class ManagerService:
@@ -141,15 +148,22 @@ class ManagerService:
         # slower observation begun earlier must not replace a newer one (a scale-down's removed
         # instances would briefly come back).
         with self._refresh_lock:
+            busy = self.fleet.locks.all_busy()  # before observing: at worst older than what is seen
             try:
                 view = FleetView(instances=tuple(self.fleet.observe()), observed_at=time.time(),
-                                 retired=tuple(retired_instances(self.fleet)))
+                                 retired=tuple(retired_instances(self.fleet)), busy=busy)
             except PgcarveError as exc:
                 log.error("could not observe the fleet: %s", exc)
                 with self._view_lock:
                     view = FleetView(self._view.instances, self._view.observed_at, error=str(exc),
-                                     retired=self._view.retired)
+                                     retired=self._view.retired, busy=busy)
             with self._view_lock:
+                old = self._view
+                if view.content() == old.content():
+                    # Nothing changed: keep the very objects, so the documents built from them
+                    # (and their encoding) serve on; at a thousand instances building them again
+                    # after every refresh cost a request a few hundred milliseconds.
+                    view = replace(old, observed_at=view.observed_at)
                 self._view = view
             return view
 
@@ -159,6 +173,12 @@ class ManagerService:
             self._refresh_wanted.clear()
             if not self._stop.is_set():
                 self.refresh()
+                # Build the listings asked for before here, not in the next request's time.
+                for include_retired in list(self._docs):
+                    try:
+                        self.instance_docs(include_retired)
+                    except PgcarveError as exc:
+                        log.warning("could not build the instances' documents: %s", exc)
 
     @property
     def view(self) -> FleetView:
@@ -200,9 +220,11 @@ class ManagerService:
 
     def instance_docs(self, include_retired: bool = False) -> list[dict[str, Any]]:
         """Every instance's document (retired ones too if asked), built again when a view
-        refresh, an incident or a collector round (about every second while collecting, whether
-        or not it changed anything) may have changed them, and shared by every read in between:
-        the same list object until then, so callers may cache what they derive from it.
+        refresh finds a change (in libvirt, the retired disks, or the work holding instances),
+        an incident, or a collector round (about every second while collecting, whether or not it
+        changed anything) may have changed them, and shared by every read in between: the same
+        list object until then, so callers may cache what they derive from it. The refresher
+        builds them after each refresh, so a request seldom waits for a build.
 
         Building may read files (sandbox forwards) and wait on locks: call it from a worker
         thread, never from the event loop the collector and the wait sampler run on."""
@@ -224,7 +246,7 @@ class ManagerService:
 
     def _docs_key(self) -> tuple[object, ...]:
         incidents = self.supervisor.incidents() if self.supervisor else []
-        return (self.view, self.collector.rounds if self.collector else None,
+        return (self.view.content(), self.collector.rounds if self.collector else None,
                 tuple((i.id, i.status, i.message) for i in incidents))
 
     def instance_doc(self, name: str) -> dict[str, Any]:
