@@ -27,7 +27,8 @@ from pgcarve.naming import guest_of, index_of, instance_name
 from pgcarve.planning import placement as placement_module
 from pgcarve.planning.topology import parse_capabilities
 from pgcarve.settings import Paths
-from pgcarve.virt.host import GuestInfo, LibvirtHost
+from pgcarve.virt.domain_xml import CREATING_NS
+from pgcarve.virt.host import GuestInfo, LibvirtHost, domain_facts
 
 from bench import simulated_hosts
 from tests.support import testdriver as td
@@ -257,3 +258,16 @@ def test_a_refresh_that_finds_nothing_new_keeps_the_listing(scaled: Scaled) -> N
     finally:
         fleet.hosts["db1"].start(instance_name(fleet.config.fleet, 5))
     service.operations.stop()
+
+
+def test_domain_facts_follow_the_xml_libvirt_gives() -> None:
+    """Remembered by the answer's digest, so a changed domain (its creating mark gone, a new MAC)
+    is read afresh, never from what an older answer said."""
+    creating = (f'<domain><vcpu>2</vcpu><os><kernel>/k1</kernel></os><metadata><c:creating xmlns:c="{CREATING_NS}"/>'
+                "</metadata><devices><interface><mac address='52:54:00:00:00:01'/></interface></devices></domain>")
+    done = creating.replace(f'<c:creating xmlns:c="{CREATING_NS}"/>', "")
+    assert domain_facts(creating) == (2, "52:54:00:00:00:01", True, "/k1")
+    assert domain_facts(creating) == (2, "52:54:00:00:00:01", True, "/k1")
+    assert domain_facts(done) == (2, "52:54:00:00:00:01", False, "/k1")
+    assert domain_facts(done.replace(":01'", ":02'")) == (2, "52:54:00:00:00:02", False, "/k1")
+    assert domain_facts("<domain/>") == (1, None, False, "")

@@ -266,9 +266,7 @@ class Provisioner:
         self.fleet.hosts[primary_host.name].mark_complete(name)
         failpoint("provisioning.primary_ready")
         progress(name, "primary accepts SQL", 1.0 if not standby_names else 0.6)
-        # The instance as libvirt now holds it, read from the guests just built (only those:
-        # reading the whole fleet here made a scale-up's cost grow with the square of the fleet).
-        built = [(primary_host.name, name), *((host.name, sname) for _n, (sname, host) in standbys)]
+        built = [(primary_host.name, name), *((host.name, sname) for _n, (sname, host) in standbys)]  # read alone
         if not standby_names:
             return self.fleet.instance_on(index, built)
         with ThreadPoolExecutor(max_workers=len(standby_names)) as pool:

@@ -12,7 +12,7 @@ import contextlib
 import logging
 import threading
 import time
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, replace
 from typing import Any
 
 from pgcarve.config import FleetConfig
@@ -21,10 +21,11 @@ from pgcarve.control.collector import Collector, Target
 from pgcarve.control.endpoints import instance_endpoints
 from pgcarve.control.failover import Failover
 from pgcarve.control.fleet import Fleet, Instance, Progress
+from pgcarve.control.fleet_view import FleetView
 from pgcarve.control.operations import Operation, OperationQueue
 from pgcarve.control.rates import RateTracker, Snapshot
 from pgcarve.control.removal import discard_half_made
-from pgcarve.control.retired import RetiredInstance, retired_doc, retired_instances
+from pgcarve.control.retired import retired_doc, retired_instances
 from pgcarve.control.retirement import finish_interrupted, purge
 from pgcarve.control.scaler import Scaler
 from pgcarve.control.supervisor import Incident, Supervisor
@@ -46,23 +47,6 @@ log = logging.getLogger("pgcarve.control.service")
 WAITS_ON_DEMAND_S = 120.0
 # How long the collector waits for a primary's answer to its statistics query.
 STATS_QUERY_TIMEOUT_S = 10.0
-
-
-@dataclass(frozen=True)
-class FleetView:
-    """The instances as last observed (immutable; replaced wholesale on refresh)."""
-
-    instances: tuple[Instance, ...]
-    observed_at: float
-    error: str | None = None
-    retired: tuple[RetiredInstance, ...] = ()  # kept disks, no guests (control/retired.py)
-    busy: tuple[tuple[int, str], ...] = ()  # instances held by work then (Fleet.locks), by index
-
-    def content(self) -> tuple[object, ...]:
-        """What the instances' documents are built from: the same objects for as long as
-        refreshes find nothing changed (ManagerService.refresh keeps them), so comparing
-        contents is quick until something changes."""
-        return self.instances, self.retired, self.error, self.busy
 
 
 class ManagerService:
@@ -159,10 +143,7 @@ class ManagerService:
                                      retired=self._view.retired, busy=busy)
             with self._view_lock:
                 old = self._view
-                if view.content() == old.content():
-                    # Nothing changed: keep the very objects, so the documents built from them
-                    # (and their encoding) serve on; at a thousand instances building them again
-                    # after every refresh cost a request a few hundred milliseconds.
+                if view.content() == old.content():  # nothing changed: the documents serve on
                     view = replace(old, observed_at=view.observed_at)
                 self._view = view
             return view
@@ -173,12 +154,9 @@ class ManagerService:
             self._refresh_wanted.clear()
             if not self._stop.is_set():
                 self.refresh()
-                # Build the listings asked for before here, not in the next request's time.
-                for include_retired in list(self._docs):
-                    try:
+                for include_retired in list(self._docs):  # built here, not in a request's time
+                    with contextlib.suppress(Exception):  # (a request builds them again, and says why)
                         self.instance_docs(include_retired)
-                    except PgcarveError as exc:
-                        log.warning("could not build the instances' documents: %s", exc)
 
     @property
     def view(self) -> FleetView:
