@@ -18,6 +18,7 @@ from pathlib import Path
 import pytest
 from fastapi.testclient import TestClient
 from pgcarve.control.fleet import Fleet
+from pgcarve.control.listing import Listing
 from pgcarve.control.provisioning import Provisioner
 from pgcarve.control.scaler import Scaler
 from pgcarve.control.service import ManagerService
@@ -271,3 +272,26 @@ def test_domain_facts_follow_the_xml_libvirt_gives() -> None:
     assert domain_facts(done) == (2, "52:54:00:00:00:01", False, "/k1")
     assert domain_facts(done.replace(":01'", ":02'")) == (2, "52:54:00:00:00:02", False, "/k1")
     assert domain_facts("<domain/>") == (1, None, False, "")
+
+
+def test_the_refresher_builds_only_listings_someone_reads() -> None:
+    builds: list[bool] = []
+    key = [0]
+
+    def build(retired: bool) -> list[dict[str, object]]:
+        builds.append(retired)
+        return [{"retired": retired}]
+
+    listing = Listing(lambda: (key[0],), build)
+    listing.build_read()
+    assert builds == [], "nobody read: nothing built"
+    first = listing.get(False)
+    assert builds == [False] and listing.get(False) is first
+    key[0] = 1  # what they are built from changed
+    listing.build_read()
+    assert builds == [False, False], "read since: built again, off the request"
+    assert listing.get(False) is not first and builds == [False, False], "the request found it built"
+    key[0] = 2
+    listing.build_read()
+    listing.build_read()
+    assert builds == [False, False, False], "built once for the one read; not again without a read"

@@ -22,6 +22,7 @@ from pgcarve.control.endpoints import instance_endpoints
 from pgcarve.control.failover import Failover
 from pgcarve.control.fleet import Fleet, Instance, Progress
 from pgcarve.control.fleet_view import FleetView
+from pgcarve.control.listing import Listing
 from pgcarve.control.operations import Operation, OperationQueue
 from pgcarve.control.rates import RateTracker, Snapshot
 from pgcarve.control.removal import discard_half_made
@@ -74,9 +75,7 @@ class ManagerService:
         self._view = FleetView(instances=(), observed_at=0.0)
         self._view_lock = threading.Lock()
         self._refresh_lock = threading.Lock()
-        # include_retired -> (what the documents were built from, the documents)
-        self._docs: dict[bool, tuple[tuple[object, ...], list[dict[str, Any]]]] = {}
-        self._docs_lock = threading.Lock()  # one build at a time: concurrent misses wait for it
+        self._listing = Listing(self._docs_key, self._build_docs)
         self._refresh_wanted = threading.Event()
         self._stop = threading.Event()
         self._refresher = threading.Thread(target=self._refresh_loop, name="pgcarve-refresh", daemon=True)
@@ -154,9 +153,8 @@ class ManagerService:
             self._refresh_wanted.clear()
             if not self._stop.is_set():
                 self.refresh()
-                for include_retired in list(self._docs):  # built here, not in a request's time
-                    with contextlib.suppress(Exception):  # (a request builds them again, and says why)
-                        self.instance_docs(include_retired)
+                with contextlib.suppress(Exception):  # (a request builds them again, and says why)
+                    self._listing.build_read()
 
     @property
     def view(self) -> FleetView:
@@ -201,26 +199,19 @@ class ManagerService:
         refresh finds a change (in libvirt, the retired disks, or the work holding instances),
         an incident, or a collector round (about every second while collecting, whether or not it
         changed anything) may have changed them, and shared by every read in between: the same
-        list object until then, so callers may cache what they derive from it. The refresher
-        builds them after each refresh, so a request seldom waits for a build.
+        list object until then, so callers may cache what they derive from it. After each
+        refresh the refresher builds those read since (control/listing.py), not a request.
 
         Building may read files (sandbox forwards) and wait on locks: call it from a worker
         thread, never from the event loop the collector and the wait sampler run on."""
-        key = self._docs_key()  # before building: at worst the documents are newer than their key
-        cached = self._docs.get(include_retired)
-        if cached is not None and cached[0] == key:
-            return cached[1]
-        with self._docs_lock:
-            key = self._docs_key()  # another thread may have built them meanwhile
-            cached = self._docs.get(include_retired)
-            if cached is not None and cached[0] == key:
-                return cached[1]
-            view = self.view
-            docs = [self._instance_doc(inst) for inst in view.instances]
-            if include_retired:
-                docs = sorted(docs + [retired_doc(r) for r in view.retired], key=lambda d: str(d["name"]))
-            self._docs[include_retired] = (key, docs)
-            return docs
+        return self._listing.get(include_retired)
+
+    def _build_docs(self, include_retired: bool) -> list[dict[str, Any]]:
+        view = self.view
+        docs = [self._instance_doc(inst) for inst in view.instances]
+        if include_retired:
+            docs = sorted(docs + [retired_doc(r) for r in view.retired], key=lambda d: str(d["name"]))
+        return docs
 
     def _docs_key(self) -> tuple[object, ...]:
         incidents = self.supervisor.incidents() if self.supervisor else []
