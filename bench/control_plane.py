@@ -2,9 +2,10 @@
 
 Large simulated hosts (bench/simulated_hosts.py), as many as the instance count needs, behind
 the real Fleet, Provisioner and Scaler, with tests/support/testdriver.py's stand-ins for what
-the test driver cannot do and for PostgreSQL answering. Measures: reconcile 0 -> N pinned domains in parallel, GET /v1/instances
-latency at N through the real app, the planner on a 512-CPU host, and optionally the whole
-Scaler path 0 -> N (target: TARGET_SCALE_UP_S). Writes control-plane.json (and .png).
+the test driver cannot do and for PostgreSQL answering. Measures: reconcile 0 -> N pinned
+domains in parallel, GET /v1/instances latency at N through the real app, the planner on a
+512-CPU host, and optionally the whole Scaler path 0 -> N (target: TARGET_SCALE_UP_S). Writes
+control-plane.json (and .png).
 """
 
 from __future__ import annotations
