@@ -188,16 +188,32 @@ def write_json(path: Path, doc: dict[str, Any]) -> None:
     path.write_text(json.dumps(doc, indent=2, sort_keys=False) + "\n")
 
 
+def cpu_pressure() -> float | None:
+    """The share (%) of the last minute in which some runnable task waited for a CPU (Linux PSI,
+    /proc/pressure/cpu "some avg60"); None where the kernel does not say. On a shared machine it
+    tells how much of a wall-clock figure other work took."""
+    try:
+        first = Path("/proc/pressure/cpu").read_text().splitlines()[0]
+    except (OSError, IndexError):
+        return None
+    fields = dict(part.split("=", 1) for part in first.split()[1:] if "=" in part)
+    try:
+        return float(fields["avg60"])
+    except (KeyError, ValueError):
+        return None
+
+
 def run_meta(size: str) -> dict[str, Any]:
     return {
         "size": size,
         "started_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
         "machine": {"cpus": os.cpu_count(), "kernel": platform.release(), "python": platform.python_version(),
-                    "loadavg_at_start": loadavg()},
+                    "loadavg_at_start": loadavg(), "cpu_pressure_at_start": cpu_pressure()},
     }
 
 
 def finish(doc: dict[str, Any]) -> None:
-    """Stamp a part's document with when it ended and the load average then."""
+    """Stamp a part's document with when it ended, and the load average and CPU pressure then."""
     doc["finished_at"] = time.strftime("%Y-%m-%dT%H:%M:%S%z")
     doc["machine"]["loadavg_at_end"] = loadavg()
+    doc["machine"]["cpu_pressure_at_end"] = cpu_pressure()

@@ -66,7 +66,10 @@ def summary_markdown(out: Path) -> str:
         n = cp["verify"]["instances_observed"]
         lines += [f"## Control plane (libvirt test driver) — `{cp_path.name}`", "",
                   f"Size `{cp['size']}`, {cp['started_at']}, machine: {cp['machine']['cpus']} CPUs, kernel "
-                  f"{cp['machine']['kernel']}, load average at start {cp['machine']['loadavg_at_start']}.",
+                  f"{cp['machine']['kernel']}, load average at start {cp['machine']['loadavg_at_start']}"
+                  + (f", CPU pressure (PSI some avg60) {cp['machine']['cpu_pressure_at_start']}% at start, "
+                     f"{cp['machine'].get('cpu_pressure_at_end')}% at end"
+                     if cp["machine"].get("cpu_pressure_at_start") is not None else "") + ".",
                   f"Hosts: {setup['hosts']} x ({setup['host_topology']}) on `{setup['libvirt_uri']}`; instance: "
                   f"{setup['instance']}; capacity {setup['fleet_capacity']}; libvirt {setup['libvirt']}.", "",
                   "| measure | result | target |", "|---|---|---|",
