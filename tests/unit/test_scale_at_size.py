@@ -22,11 +22,12 @@ from pgcarve.control.listing import Listing
 from pgcarve.control.provisioning import Provisioner
 from pgcarve.control.scaler import Scaler
 from pgcarve.control.service import ManagerService
-from pgcarve.errors import NotFound
+from pgcarve.errors import CapacityError, NotFound
 from pgcarve.guest.credentials import InstanceSecretStore
 from pgcarve.naming import guest_of, index_of, instance_name
 from pgcarve.planning import placement as placement_module
-from pgcarve.planning.topology import parse_capabilities
+from pgcarve.planning.planner import HostPlan, PlannerConfig
+from pgcarve.planning.topology import HostTopology, parse_capabilities
 from pgcarve.settings import Paths
 from pgcarve.virt.domain_xml import CREATING_NS
 from pgcarve.virt.host import GuestInfo, LibvirtHost, domain_facts
@@ -213,7 +214,22 @@ def test_placement_plans_each_host_once(fleet: Fleet, monkeypatch: pytest.Monkey
     assert fleet.placement is placement, "kept: the topologies and config it derives from do not change"
     hosts = [placement.hosts_for(i)[0].name for i in range(1, 125)]
     assert hosts == ["db1"] * 62 + ["db2"] * 62 and placement.capacity() == 124
-    assert sum(planned.values()) == 2, "one plan per host, not one per instance and host"
+    assert sum(planned.values()) == 2, "one capacity per host, not one per instance and host"
+    plans: Counter[str] = Counter()
+    plan_host = placement_module.plan_host
+
+    def counted_plan(topology: HostTopology, config: PlannerConfig, instances: int) -> HostPlan:
+        plans[str(instances)] += 1
+        return plan_host(topology, config, instances)
+
+    monkeypatch.setattr(placement_module, "plan_host", counted_plan)
+    for index, host in enumerate(hosts, start=1):
+        local = index - (62 if host == "db2" else 0)
+        direct = plan_host(fleet.topology(host), placement.planner, local)
+        assert placement.slot(host, index) == (direct, direct.slots[local - 1]), "as the planner plans it"
+    assert plans == Counter({"62": 2}), "each host planned once, at its capacity"
+    with pytest.raises(CapacityError):
+        placement.slot("db1", 63 + 62)  # beyond the host: the planner's own refusal
 
 
 def test_simulated_hosts_are_sized_from_the_count() -> None:
