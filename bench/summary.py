@@ -103,12 +103,12 @@ def summary_markdown(out: Path) -> str:
             sp = cp["scaler_path"]
             start = sp.get("scale_up_from", 0)
             target = sp.get("scale_up_target_s")
-            verdict = (f" (target ≤ {target:.0f} s{_mark(sp['scale_up_meets_target'])})" if target is not None
-                       else "")
+            said = ([f"{'meets' if sp['scale_up_meets_target'] else '**misses**'} its target of ≤ {target:.0f} s"]
+                    if target is not None else [])
+            said += [f"{sp['scale_up_cpu_s']:.1f} s of this process's CPU"] if "scale_up_cpu_s" in sp else []
+            verdict = f" ({'; '.join(said)})" if said else ""
             lines += ["", "Whole `Scaler`/`Provisioner.create_instance` path, guest waits stubbed: "
-                      f"scale {start} → {n} {sp['scale_up_s']:.1f} s{verdict}"
-                      + (f" ({sp['scale_up_cpu_s']:.1f} s of this process's CPU)" if "scale_up_cpu_s" in sp else "")
-                      + f", {n} → 0 {sp['scale_down_s']:.1f} s, "
+                      f"scale {start} → {n} {sp['scale_up_s']:.1f} s{verdict}, {n} → 0 {sp['scale_down_s']:.1f} s, "
                       f"purging the {n} retired {sp['purge_retired_s']:.1f} s. Includes: "
                       f"{sp['scale_up_includes']}. Stubbed: {sp['stubbed']}. For scale: one seed ISO build "
                       f"takes {sp.get('seed_iso_build_ms_p50', '?')} ms and one full observe() at {n} instances "
