@@ -159,11 +159,11 @@ class Fleet:
 
     @property
     def placement(self) -> Placement:
-        """Where each instance lives (reads every host's topology once; then kept, as the
-        topologies and the config it derives from are)."""
+        """Where each instance lives (reads every host's topology once; then kept while the
+        config it was made from is the fleet's, as the topologies are)."""
         with self._guard:
             kept = self._placement
-        if kept is None:
+        if kept is None or kept.config is not self.config:
             kept = Placement(self.config, {h.name: self.topology(h.name) for h in self.config.hosts})
             with self._guard:
                 self._placement = kept
