@@ -39,6 +39,8 @@ DEFAULT_CASES = tuple(c for c in ALL_CASES if c != "multi-process")
 TARGET_RECONCILE_S = 5.0
 TARGET_GET_P99_MS = 20.0
 TARGET_PLANNER_MS = 10.0
+# The whole Scaler path 0 -> N with the guest waits stubbed (issue 32: 0 -> 1024 under 10 s).
+TARGET_SCALE_UP_S = 10.0
 
 
 def bench_fleet(kind: str) -> str:
@@ -82,7 +84,7 @@ SIZES: dict[str, Size] = {
         notes=("proves the harness end to end: 5 s runs, one standby, +1 without standby",),
     ),
     "small": Size(
-        name="small", cp_instances=256, cp_requests=2000, cp_scaler_path=True,
+        name="small", cp_instances=1024, cp_requests=2000, cp_scaler_path=True,
         scale_hosts=2, scale_standbys=1, scale_steps=(1, 1),
         exp_hosts=2, exp_standbys=1, exp_instances=2, clients=8, threads=2, seconds=30, sampling_rate=1.0,
         notes=(
@@ -92,7 +94,7 @@ SIZES: dict[str, Size] = {
         ),
     ),
     "full": Size(
-        name="full", cp_instances=256, cp_requests=2000, cp_scaler_path=True,
+        name="full", cp_instances=1024, cp_requests=2000, cp_scaler_path=True,
         scale_hosts=3, scale_standbys=2, scale_steps=(1, 4),
         exp_hosts=3, exp_standbys=2, exp_instances=8, clients=64, threads=64, seconds=120, sampling_rate=0.02,
         notes=("the experiment's sizes: real hosts from --hosts-file, 8 guests, standbys on two other hosts, "
@@ -133,17 +135,33 @@ def write_json(path: Path, doc: dict[str, Any]) -> None:
     path.write_text(json.dumps(doc, indent=2, sort_keys=False) + "\n")
 
 
+def cpu_pressure() -> float | None:
+    """The share (%) of the last minute in which some runnable task waited for a CPU (Linux PSI,
+    /proc/pressure/cpu "some avg60"); None where the kernel does not say. On a shared machine it
+    tells how much of a wall-clock figure other work took."""
+    try:
+        first = Path("/proc/pressure/cpu").read_text().splitlines()[0]
+    except (OSError, IndexError):
+        return None
+    fields = dict(part.split("=", 1) for part in first.split()[1:] if "=" in part)
+    try:
+        return float(fields["avg60"])
+    except (KeyError, ValueError):
+        return None
+
+
 def run_meta(size: str) -> dict[str, Any]:
     return {
         "size": size,
         "started_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
         "machine": {"cpus": os.cpu_count(), "kernel": platform.release(), "python": platform.python_version(),
-                    "loadavg_at_start": loadavg()},
+                    "loadavg_at_start": loadavg(), "cpu_pressure_at_start": cpu_pressure()},
     }
 
 
 def finish(doc: dict[str, Any]) -> None:
-    """Stamp a part's document with when it ended and the load average then."""
+    """Stamp a part's document with when it ended, and the load average and CPU pressure then."""
     doc["finished_at"] = time.strftime("%Y-%m-%dT%H:%M:%S%z")
     doc["machine"]["loadavg_at_end"] = loadavg()
+    doc["machine"]["cpu_pressure_at_end"] = cpu_pressure()
 

@@ -14,6 +14,8 @@ import xml.etree.ElementTree as ET
 from pathlib import Path
 
 from pgcarve.config import FleetConfig, HostConfig, InstanceSize, Replication
+from pgcarve.planning.placement import Placement
+from pgcarve.planning.topology import HostTopology
 
 from bench.harness import BENCH_DIR, BENCH_FLEET
 
@@ -102,6 +104,13 @@ def ensure_fixture(path: Path, text: str) -> Path:
     target = Path(tempfile.mkdtemp(prefix="pgcarve-bench-")) / path.name
     target.write_text(text)
     return target
+
+
+def hosts_for(instances: int, topology: HostTopology) -> int:
+    """How many simulated hosts `instances` need (at least one): the fleet is sized from the
+    instance count, each host filled to the planner's capacity for testdriver_config's instances."""
+    one = Placement(testdriver_config(1, "test:///unused"), {"db1": topology}).capacity()
+    return max(1, -(-instances // one))
 
 
 def testdriver_config(hosts: int, uri: str, fleet: str = BENCH_FLEET) -> FleetConfig:

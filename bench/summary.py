@@ -66,7 +66,10 @@ def summary_markdown(out: Path) -> str:
         n = cp["verify"]["instances_observed"]
         lines += [f"## Control plane (libvirt test driver) — `{cp_path.name}`", "",
                   f"Size `{cp['size']}`, {cp['started_at']}, machine: {cp['machine']['cpus']} CPUs, kernel "
-                  f"{cp['machine']['kernel']}, load average at start {cp['machine']['loadavg_at_start']}.",
+                  f"{cp['machine']['kernel']}, load average at start {cp['machine']['loadavg_at_start']}"
+                  + (f", CPU pressure (PSI some avg60) {cp['machine']['cpu_pressure_at_start']}% at start, "
+                     f"{cp['machine'].get('cpu_pressure_at_end')}% at end"
+                     if cp["machine"].get("cpu_pressure_at_start") is not None else "") + ".",
                   f"Hosts: {setup['hosts']} x ({setup['host_topology']}) on `{setup['libvirt_uri']}`; instance: "
                   f"{setup['instance']}; capacity {setup['fleet_capacity']}; libvirt {setup['libvirt']}.", "",
                   "| measure | result | target |", "|---|---|---|",
@@ -83,6 +86,11 @@ def summary_markdown(out: Path) -> str:
             lines.append(f"| planner, {pl['host_cpus']} CPUs / {pl['numa_nodes']} nodes, {pl['vcpus_1']['instances']} "
                          f"instances | p50 {pl['vcpus_1']['p50_ms']:.2f} ms (best {pl['vcpus_1']['best_ms']:.2f})"
                          f"{_mark(pl['meets_target'])} | ≤ {TARGET_PLANNER_MS:.0f} ms |")
+        sp_row = cp.get("scaler_path", {})
+        if "scale_up_target_s" in sp_row:
+            lines.append(f"| whole Scaler path {sp_row['scale_up_from']} → {n} on {setup['hosts']} hosts, guest waits "
+                         f"stubbed | {sp_row['scale_up_s']:.2f} s{_mark(sp_row['scale_up_meets_target'])} | "
+                         f"≤ {sp_row['scale_up_target_s']:.0f} s |")
         lines += ["", f"Per-host placement: {rec['instances_per_host']} (primary hosts fill in order). "
                   "Read-back check: " + ("all pins as planned, no shared CPUs" if cp["verify"]["ok"]
                                          else str(cp["verify"]["problems"])) + ". "
@@ -94,11 +102,17 @@ def summary_markdown(out: Path) -> str:
         if "scaler_path" in cp:
             sp = cp["scaler_path"]
             start = sp.get("scale_up_from", 0)
+            target = sp.get("scale_up_target_s")
+            said = ([f"{'meets' if sp['scale_up_meets_target'] else '**misses**'} its target of ≤ {target:.0f} s"]
+                    if target is not None else [])
+            said += [f"{sp['scale_up_cpu_s']:.1f} s of this process's CPU"] if "scale_up_cpu_s" in sp else []
+            verdict = f" ({'; '.join(said)})" if said else ""
             lines += ["", "Whole `Scaler`/`Provisioner.create_instance` path, guest waits stubbed: "
-                      f"scale {start} → {n} {sp['scale_up_s']:.1f} s, {n} → 0 {sp['scale_down_s']:.1f} s. Includes: "
+                      f"scale {start} → {n} {sp['scale_up_s']:.1f} s{verdict}, {n} → 0 {sp['scale_down_s']:.1f} s, "
+                      f"purging the {n} retired {sp['purge_retired_s']:.1f} s. Includes: "
                       f"{sp['scale_up_includes']}. Stubbed: {sp['stubbed']}. For scale: one seed ISO build "
-                      f"takes {sp.get('seed_iso_build_ms_p50', '?')} ms and one observe() at {n} instances "
-                      f"{sp.get('observe_at_n_ms', '?')} ms; create_instance does one of each per instance."]
+                      f"takes {sp.get('seed_iso_build_ms_p50', '?')} ms and one full observe() at {n} instances "
+                      f"{sp.get('observe_at_n_ms', '?')} ms."]
             if "plus_one_s" in sp:
                 met = "met" if sp["meets_plus_targets"] else "NOT met"
                 boot = sp.get("modeled_boot_s")

@@ -13,6 +13,26 @@ def standby_name(fleet: str, index: int, standby: int) -> str:
     return f"{instance_name(fleet, index)}-s{standby}"
 
 
+def guest_of(instance: str, guest: str) -> bool:
+    """Whether a guest's name is one an instance's guests carry: the instance's own (its first
+    primary) or <instance>-s<number> (a standby). A guest keeps its name through failovers, and
+    Terraform's variables refuse any other, so looking an instance up by these names reads its
+    guests only, where listing every guest's metadata would read the whole fleet."""
+    if guest == instance:
+        return True
+    number = guest.removeprefix(f"{instance}-s")
+    return number != guest and number.isdigit()
+
+
+def index_of(fleet: str, instance: str) -> int | None:
+    """The index of instance `instance` of `fleet` (None if the name is not one instance_name gives)."""
+    digits = instance.removeprefix(f"{fleet}-")
+    if digits == instance or not digits.isdigit():
+        return None
+    index = int(digits)
+    return index if instance_name(fleet, index) == instance else None
+
+
 def disk_volume(guest: str) -> str:
     """A guest's disk: a qcow2 overlay of the guest image in its host's storage pool."""
     return f"{guest}.qcow2"

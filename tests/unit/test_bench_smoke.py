@@ -52,10 +52,12 @@ def test_control_plane_smoke(tmp_path: Path) -> None:
     scaler = written["scaler_path"]
     assert scaler["instances_after"] == 16 and scaler["scale_up_s"] > 0 and scaler["seed_iso_build_ms_p50"] > 0
     assert 0 < scaler["plus_one_s"] and 0 < scaler["plus_four_s"] and isinstance(scaler["meets_plus_targets"], bool)
-    assert doc["setup"]["fleet_capacity"] == 8 * 62
+    assert doc["setup"]["hosts"] == 1 and doc["setup"]["fleet_capacity"] == 62, "hosts sized from the count"
+    assert scaler["scale_up_from"] == 0 and isinstance(scaler["scale_up_meets_target"], bool)
     assert (tmp_path / "control-plane.png").stat().st_size > 1000
     text = summary.summary_markdown(tmp_path)
     assert "reconcile 0 → 16" in text and "GET /v1/instances" in text and "Whole `Scaler`" in text
+    assert "| whole Scaler path 0 → 16 on 1 hosts" in text
     assert OVERLAY_GIB * 62 <= 100, "a test-driver pool (100 GiB) holds a host's 62 overlays"
 
 

@@ -56,8 +56,9 @@ class Recorder(Provisioner):
             hosts=hosts,
             locks=SimpleNamespace(exclusive=lambda index, why: contextlib.nullcontext()),
             connect=self._connect,
-            instance=lambda name: SimpleNamespace(standbys=tuple(
-                Guest(info=_info(f"{name}-s{n}", f"h{n}", "standby", n), address=None, endpoint=None) for n in (1, 2))),
+            instance_on=lambda index, built: SimpleNamespace(standbys=tuple(
+                Guest(info=_info(name, host, "standby", n), address=None, endpoint=None)
+                for n, (host, name) in enumerate(built[1:], start=1))),
         )
         super().__init__(fleet)  # type: ignore[arg-type]
         self.ready = self._ready

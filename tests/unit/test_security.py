@@ -375,7 +375,7 @@ def test_seed_iso_user_data_is_private_and_passwords_stay_off_the_command_line(
     seen: dict[str, object] = {}
 
     def fake_run(argv: list[str], **_kwargs: object) -> subprocess.CompletedProcess[str]:
-        user_data = next(Path(a) for a in argv if a.endswith("user-data"))
+        user_data = next(Path(a.removeprefix("user-data=")) for a in argv if a.startswith("user-data="))
         seen["mode"] = user_data.stat().st_mode & 0o777
         seen["argv"] = " ".join(argv)
         return subprocess.CompletedProcess(argv, 0, "", "")

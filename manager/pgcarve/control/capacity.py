@@ -5,25 +5,32 @@ Checked before an operation is accepted, so a request that can never succeed cha
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from pgcarve.control.fleet import Fleet
-from pgcarve.control.retired import in_the_way, retired_instances
+from pgcarve.control.retired import RetiredInstance, in_the_way, retired_instances
 from pgcarve.errors import CapacityError
+from pgcarve.virt.host import GuestInfo
 
 
-def check_capacity(fleet: Fleet, instances: int) -> None:
-    """Refuse (CapacityError/ConfigError, naming the limit) a count the hosts cannot hold."""
+def check_capacity(fleet: Fleet, instances: int, guests: Sequence[GuestInfo] | None = None,
+                   retired: Sequence[RetiredInstance] | None = None) -> None:
+    """Refuse (CapacityError/ConfigError, naming the limit) a count the hosts cannot hold.
+    `guests` and `retired`: a listing the caller just made (fleet.guests(), retired_instances()),
+    else they are listed here."""
     fleet.placement.check(instances)
-    check_storage(fleet, instances)
+    check_storage(fleet, instances, guests, retired)
 
 
-def check_storage(fleet: Fleet, instances: int) -> None:
+def check_storage(fleet: Fleet, instances: int, guests: Sequence[GuestInfo] | None = None,
+                  retired_list: Sequence[RetiredInstance] | None = None) -> None:
     """Refuse a scale-up whose guests to start would not fit a host's storage pool
     (disk_reserve_mib each): new instances' guests where the placement puts them, retired
     instances' guests where their kept disks are. Kept disks of instances that stay retired are
     named when they are what is in the way."""
     reserve = fleet.config.instance.disk_reserve_mib
-    present = {g.metadata.index for g in fleet.guests()}
-    retired = {r.index: r for r in retired_instances(fleet)}
+    present = {g.metadata.index for g in (fleet.guests() if guests is None else guests)}
+    retired = {r.index: r for r in (retired_instances(fleet) if retired_list is None else retired_list)}
     placement = fleet.placement
     starting: dict[str, int] = {}
     for index in range(1, instances + 1):

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 
 from pgcarve.config import FleetConfig, HostConfig
@@ -22,7 +22,7 @@ from pgcarve.guest.credentials import Credentials, InstanceSecrets, InstanceSecr
 from pgcarve.guest.image import HostImages
 from pgcarve.guest.probe import DomainTypes
 from pgcarve.guest.tls import FleetCA
-from pgcarve.naming import instance_name
+from pgcarve.naming import guest_of, index_of, instance_name
 from pgcarve.planning.placement import Placement
 from pgcarve.planning.topology import HostTopology, parse_capabilities, with_cores_rotated
 from pgcarve.postgres import conninfo, session
@@ -111,6 +111,7 @@ class Fleet:
         self._credentials: Credentials | None = None
         self._client_tls: session.ClientTls | None = None
         self._topologies: dict[str, HostTopology] = {}
+        self._placement: Placement | None = None
         self._last_seen: dict[str, list[GuestInfo]] = {}
         self._unreachable: dict[str, tuple[float, str]] = {}
         self._answered_again_at = float("-inf")
@@ -158,25 +159,39 @@ class Fleet:
 
     @property
     def placement(self) -> Placement:
-        """Where each instance lives (reads every host's topology once)."""
-        return Placement(self.config, {h.name: self.topology(h.name) for h in self.config.hosts})
+        """Where each instance lives (reads every host's topology once; then kept while the
+        config it was made from is the fleet's, as the topologies are)."""
+        with self._guard:
+            kept = self._placement
+        if kept is None or kept.config is not self.config:
+            kept = Placement(self.config, {h.name: self.topology(h.name) for h in self.config.hosts})
+            with self._guard:
+                self._placement = kept
+        return kept
 
     # -- observing ---------------------------------------------------------------------------
 
-    def guests(self) -> list[GuestInfo]:
-        """Every guest of this fleet. A host whose libvirtd does not answer contributes the guests
-        last seen on it, in state "unreachable" (see unreachable_hosts())."""
+    def guests(self, named: Callable[[str], bool] | None = None) -> list[GuestInfo]:
+        """Every guest of this fleet (with `named`: those whose name it accepts, read alone). A
+        host whose libvirtd does not answer contributes the guests last seen on it, in state
+        "unreachable" (see unreachable_hosts())."""
         found: list[GuestInfo] = []
         for name, host in self.hosts.items():
             try:
-                listed = host.guests(self.config.fleet)
+                listed = host.guests(self.config.fleet, named)
             except HostUnreachable as exc:
                 with self._guard:
                     self._unreachable.setdefault(name, (time.time(), str(exc)))
-                    listed = [replace(g, state="unreachable") for g in self._last_seen.get(name, [])]
+                    listed = [replace(g, state="unreachable") for g in self._last_seen.get(name, [])
+                              if named is None or named(g.name)]
             else:
                 with self._guard:
-                    self._last_seen[name] = listed
+                    if named is None:
+                        self._last_seen[name] = listed
+                    else:  # a partial listing replaces only what it read
+                        self._last_seen[name] = sorted(
+                            [g for g in self._last_seen.get(name, []) if not named(g.name)] + listed,
+                            key=lambda g: g.name)
                     if self._unreachable.pop(name, None) is not None:
                         self._answered_again_at = time.monotonic()
             found.extend(listed)
@@ -193,10 +208,12 @@ class Fleet:
         with self._guard:
             return dict(self._unreachable)
 
-    def observe(self, with_endpoints: bool = True) -> list[Instance]:
-        """Every instance, rebuilt from libvirt metadata on every host (sorted by index)."""
+    def observe(self, with_endpoints: bool = True, guests: Sequence[GuestInfo] | None = None) -> list[Instance]:
+        """Every instance, rebuilt from libvirt metadata on every host (sorted by index); from
+        `guests` when given (a listing just made by guests(), so that one decision reads libvirt
+        once)."""
         by_index: dict[int, list[GuestInfo]] = {}
-        for info in self.guests():
+        for info in self.guests() if guests is None else guests:
             by_index.setdefault(info.metadata.index, []).append(info)
         return [self._assemble(index, by_index[index], with_endpoints) for index in sorted(by_index)]
 
@@ -209,10 +226,20 @@ class Fleet:
         present = {g.name for g in inst.guests}
         return [f"{name} on {host.name}" for host, name in self.placement.guests(inst.index)[1:] if name not in present]
 
-    def instance_at(self, index: int) -> Instance | None:
-        """Instance `index` as libvirt shows it now (only its own guests are reached), if it exists."""
-        members = [info for info in self.guests() if info.metadata.index == index]
-        return self._assemble(index, members) if members else None
+    def instance_at(self, index: int, with_endpoints: bool = True) -> Instance | None:
+        """Instance `index` as libvirt shows it now, if it exists. Only its own guests are read
+        (naming.guest_of: by their names, then by their metadata), so the cost does not grow
+        with the fleet's other instances."""
+        name = instance_name(self.config.fleet, index)
+        members = [info for info in self.guests(named=lambda guest: guest_of(name, guest))
+                   if info.metadata.index == index]
+        return self._assemble(index, members, with_endpoints) if members else None
+
+    def instance_on(self, index: int, guests: Sequence[tuple[str, str]]) -> Instance:
+        """Instance `index` made of the guests named, each read from libvirt on its host
+        ((host, guest name) pairs): for a doer that has just built them and knows where, with no
+        listing at all. NotFound if one of them is not there."""
+        return self._assemble(index, [self.hosts[host].guest(name) for host, name in guests])
 
     def _assemble(self, index: int, members: list[GuestInfo], with_endpoints: bool = True) -> Instance:
         name = instance_name(self.config.fleet, index)
@@ -229,11 +256,13 @@ class Fleet:
             stale=tuple(self.reach(g, with_endpoints) for g in stale),
         )
 
-    def instance(self, name: str) -> Instance:
-        for inst in self.observe():
-            if inst.name == name:
-                return inst
-        raise NotFound(f"no instance named {name!r}")
+    def instance(self, name: str, with_endpoints: bool = True) -> Instance:
+        """Instance `name` as libvirt shows it now (only its own guests are read: instance_at)."""
+        index = index_of(self.config.fleet, name)
+        found = self.instance_at(index, with_endpoints) if index is not None else None
+        if found is None:
+            raise NotFound(f"no instance named {name!r}")
+        return found
 
     def reach(self, info: GuestInfo, with_endpoint: bool = True) -> Guest:
         """The guest with its address and this machine's way to its PostgreSQL, when running. A

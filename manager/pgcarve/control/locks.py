@@ -58,6 +58,11 @@ class InstanceLocks:
         with self._guard:
             return self._busy.get(index)
 
+    def all_busy(self) -> tuple[tuple[int, str], ...]:
+        """Every instance held now and what for, by index (a snapshot)."""
+        with self._guard:
+            return tuple(sorted(self._busy.items()))
+
     @contextlib.contextmanager
     def welcome_keeper(self, index: int) -> Iterator[None]:
         """While the holder of `index` works only on its standbys (the primary stays where it

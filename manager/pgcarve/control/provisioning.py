@@ -266,8 +266,9 @@ class Provisioner:
         self.fleet.hosts[primary_host.name].mark_complete(name)
         failpoint("provisioning.primary_ready")
         progress(name, "primary accepts SQL", 1.0 if not standby_names else 0.6)
+        built = [(primary_host.name, name), *((host.name, sname) for _n, (sname, host) in standbys)]  # read alone
         if not standby_names:
-            return self.fleet.instance(name)
+            return self.fleet.instance_on(index, built)
         with ThreadPoolExecutor(max_workers=len(standby_names)) as pool:
             futures = {sname: pool.submit(self.finish_standby, primary, host, sname, number, booting[sname], progress)
                        if sname in booting else pool.submit(self.create_standby, primary, host, sname, number, progress,
@@ -283,7 +284,7 @@ class Provisioner:
         except PgcarveError as exc:  # the primary and its standbys are whole: not a reason to fail
             log.warning("%s: standbys not yet told each other's addresses (%s); a later refresh will", name, exc)
         progress(name, "ready", 1.0)
-        return self.fleet.instance(name)
+        return self.fleet.instance_on(index, built)
 
     def _after_failed_create(self, index: int, exc: BaseException, replaying: set[str]) -> None:
         """Remove a failed new instance, unless it could have acknowledged a commit: with
@@ -292,7 +293,7 @@ class Provisioner:
         that never got going are removed (the HA loop builds them again). When its primary cannot
         be asked, assume it could have: keep the data."""
         name = instance_name(self.fleet.config.fleet, index)
-        instance = next((i for i in self.fleet.observe() if i.index == index), None)
+        instance = self.fleet.instance_at(index)
         primary = instance.primary if instance else None
         if instance is None or primary is None or primary.info.creating:
             discard_instance(self.fleet, index)

@@ -124,7 +124,7 @@ class Repairer:
         self._refollowed: dict[str, float] = {}
 
     def current(self, index: int) -> Instance | None:
-        return next((i for i in self.fleet.observe() if i.index == index), None)
+        return self.fleet.instance_at(index)
 
     # -- single guests -------------------------------------------------------------------------
 

@@ -19,7 +19,7 @@ from dataclasses import dataclass, replace
 
 from pgcarve.control.fleet import Fleet
 from pgcarve.errors import PgcarveError
-from pgcarve.naming import disk_volume, instance_name
+from pgcarve.naming import disk_volume, guest_of, instance_name
 from pgcarve.virt.domain_xml import InstanceMetadata
 
 log = logging.getLogger(__name__)
@@ -90,14 +90,16 @@ def parse_marker(volume: str, host: str, disk_mib: int = 0) -> RetiredGuest | No
 _unlisted_hosts: set[str] = set()
 
 
-def retired_instances(fleet: Fleet) -> list[RetiredInstance]:
-    """Every retired instance of this fleet, read from the marker volumes on the hosts that answer."""
+def retired_instances(fleet: Fleet, only: str | None = None) -> list[RetiredInstance]:
+    """Every retired instance of this fleet, read from the marker volumes on the hosts that answer
+    (`only`: just the instance of that name, whose markers alone are parsed and sized)."""
     by_index: dict[int, list[RetiredGuest]] = {}
-    prefix = f"{fleet.config.fleet}-"
+    prefix = f"{fleet.config.fleet}-" if only is None else only
     for host_name, lv in fleet.hosts.items():
         try:
             found = [g for v in lv.storage.volume_names() if v.startswith(prefix)
-                     for g in (parse_marker(v, host_name),) if g is not None]
+                     for g in (parse_marker(v, host_name),)
+                     if g is not None and (only is None or guest_of(only, g.name))]
             sizes = lv.storage.allocations_mib([disk_volume(g.name) for g in found]) if found else {}
         except PgcarveError as exc:
             if host_name not in _unlisted_hosts:
@@ -116,7 +118,7 @@ def retired_instances(fleet: Fleet) -> list[RetiredInstance]:
 
 
 def retired_instance(fleet: Fleet, name: str) -> RetiredInstance | None:
-    return next((r for r in retired_instances(fleet) if r.name == name), None)
+    return next((r for r in retired_instances(fleet, only=name) if r.name == name), None)
 
 
 def in_the_way(retired: Iterable[RetiredInstance], host: str, reviving: Container[int] = ()) -> str:

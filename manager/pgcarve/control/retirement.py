@@ -25,7 +25,7 @@ from pgcarve.control.fleet import Fleet, Guest, Instance, Progress, no_progress
 from pgcarve.control.provisioning import Provisioner
 from pgcarve.control.retired import RetiredGuest, RetiredInstance, retired_instance, retired_instances
 from pgcarve.errors import Conflict, GuestNotReady, NotFound
-from pgcarve.naming import application_name, disk_volume, seed_volume, slot_name
+from pgcarve.naming import application_name, disk_volume, index_of, seed_volume, slot_name
 from pgcarve.postgres import replication
 from pgcarve.postgres.session import first_line
 from pgcarve.virt.storage import image_tag_of
@@ -199,7 +199,8 @@ def _follow_if_needed(fleet: Fleet, primary: Guest, standbys: Sequence[Guest]) -
 def purge(fleet: Fleet, name: str) -> RetiredInstance:
     """Delete a retired instance's disks, markers, records and passwords for good (asked for by
     name)."""
-    running = next((i for i in fleet.observe(with_endpoints=False) if i.name == name), None)
+    index = index_of(fleet.config.fleet, name)
+    running = fleet.instance_at(index, with_endpoints=False) if index is not None else None
     if running is not None:
         raise Conflict(f"{name} is not retired (it has guests: "
                        f"{', '.join(g.name for g in running.guests)}); scale down first, then purge it")

@@ -55,14 +55,21 @@ class Scaler:
 
     def scale(self, target: int, progress: Progress = no_progress) -> ScalePlan:
         """Scale to `target` instances; raises CapacityError/ConfigError before changing anything."""
-        check_capacity(self.fleet, target)
         if not self._busy.acquire(blocking=False):
             raise Conflict("another scale operation is running")
         try:
+            # One listing of libvirt serves the capacity check and the decision (a listing reads
+            # every guest: about a second at a thousand), made once no other scale runs.
+            guests = self.fleet.guests()
             retired = {r.index: r for r in retired_instances(self.fleet)}
-            plan = plan_scale(self.fleet.observe(with_endpoints=False), target, tuple(retired))
+            check_capacity(self.fleet, target, guests, tuple(retired.values()))
+            plan = plan_scale(self.fleet.observe(with_endpoints=False, guests=guests), target, tuple(retired))
             for index in plan.retire:
-                self.retire(self.fleet.instance(instance_name(self.fleet.config.fleet, index)), progress)
+                # Read again, alone (the instance may have changed since the listing): retiring
+                # reaches its guests, and reading only them keeps a scale-down linear.
+                instance = self.fleet.instance_at(index)
+                if instance is not None:
+                    self.retire(instance, progress)
             work: list[Callable[[], object]] = [
                 *(lambda r=retired[i]: self._revive(r, progress) for i in plan.revive),
                 *(lambda i=i: self._create(i, progress) for i in plan.create),

@@ -12,7 +12,7 @@ import contextlib
 import logging
 import threading
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, replace
 from typing import Any
 
 from pgcarve.config import FleetConfig
@@ -21,10 +21,12 @@ from pgcarve.control.collector import Collector, Target
 from pgcarve.control.endpoints import instance_endpoints
 from pgcarve.control.failover import Failover
 from pgcarve.control.fleet import Fleet, Instance, Progress
+from pgcarve.control.fleet_view import FleetView
+from pgcarve.control.listing import Listing
 from pgcarve.control.operations import Operation, OperationQueue
 from pgcarve.control.rates import RateTracker, Snapshot
 from pgcarve.control.removal import discard_half_made
-from pgcarve.control.retired import RetiredInstance, retired_doc, retired_instances
+from pgcarve.control.retired import retired_doc, retired_instances
 from pgcarve.control.retirement import finish_interrupted, purge
 from pgcarve.control.scaler import Scaler
 from pgcarve.control.supervisor import Incident, Supervisor
@@ -46,16 +48,6 @@ log = logging.getLogger("pgcarve.control.service")
 WAITS_ON_DEMAND_S = 120.0
 # How long the collector waits for a primary's answer to its statistics query.
 STATS_QUERY_TIMEOUT_S = 10.0
-
-
-@dataclass(frozen=True)
-class FleetView:
-    """The instances as last observed (immutable; replaced wholesale on refresh)."""
-
-    instances: tuple[Instance, ...]
-    observed_at: float
-    error: str | None = None
-    retired: tuple[RetiredInstance, ...] = ()  # kept disks, no guests (control/retired.py)
 
 
 class ManagerService:
@@ -83,9 +75,7 @@ class ManagerService:
         self._view = FleetView(instances=(), observed_at=0.0)
         self._view_lock = threading.Lock()
         self._refresh_lock = threading.Lock()
-        # include_retired -> (what the documents were built from, the documents)
-        self._docs: dict[bool, tuple[tuple[object, ...], list[dict[str, Any]]]] = {}
-        self._docs_lock = threading.Lock()  # one build at a time: concurrent misses wait for it
+        self._listing = Listing(self._docs_key, self._build_docs)
         self._refresh_wanted = threading.Event()
         self._stop = threading.Event()
         self._refresher = threading.Thread(target=self._refresh_loop, name="pgcarve-refresh", daemon=True)
@@ -141,15 +131,19 @@ class ManagerService:
         # slower observation begun earlier must not replace a newer one (a scale-down's removed
         # instances would briefly come back).
         with self._refresh_lock:
+            busy = self.fleet.locks.all_busy()  # before observing: at worst older than what is seen
             try:
                 view = FleetView(instances=tuple(self.fleet.observe()), observed_at=time.time(),
-                                 retired=tuple(retired_instances(self.fleet)))
+                                 retired=tuple(retired_instances(self.fleet)), busy=busy)
             except PgcarveError as exc:
                 log.error("could not observe the fleet: %s", exc)
                 with self._view_lock:
                     view = FleetView(self._view.instances, self._view.observed_at, error=str(exc),
-                                     retired=self._view.retired)
+                                     retired=self._view.retired, busy=busy)
             with self._view_lock:
+                old = self._view
+                if view.content() == old.content():  # nothing changed: the documents serve on
+                    view = replace(old, observed_at=view.observed_at)
                 self._view = view
             return view
 
@@ -159,6 +153,8 @@ class ManagerService:
             self._refresh_wanted.clear()
             if not self._stop.is_set():
                 self.refresh()
+                with contextlib.suppress(Exception):  # (a request builds them again, and says why)
+                    self._listing.build_read()
 
     @property
     def view(self) -> FleetView:
@@ -200,31 +196,26 @@ class ManagerService:
 
     def instance_docs(self, include_retired: bool = False) -> list[dict[str, Any]]:
         """Every instance's document (retired ones too if asked), built again when a view
-        refresh, an incident or a collector round (about every second while collecting, whether
-        or not it changed anything) may have changed them, and shared by every read in between:
-        the same list object until then, so callers may cache what they derive from it.
+        refresh finds a change (in libvirt, the retired disks, or the work holding instances),
+        an incident, or a collector round (about every second while collecting, whether or not it
+        changed anything) may have changed them, and shared by every read in between: the same
+        list object until then, so callers may cache what they derive from it. After each
+        refresh the refresher builds those read since (control/listing.py), not a request.
 
         Building may read files (sandbox forwards) and wait on locks: call it from a worker
         thread, never from the event loop the collector and the wait sampler run on."""
-        key = self._docs_key()  # before building: at worst the documents are newer than their key
-        cached = self._docs.get(include_retired)
-        if cached is not None and cached[0] == key:
-            return cached[1]
-        with self._docs_lock:
-            key = self._docs_key()  # another thread may have built them meanwhile
-            cached = self._docs.get(include_retired)
-            if cached is not None and cached[0] == key:
-                return cached[1]
-            view = self.view
-            docs = [self._instance_doc(inst) for inst in view.instances]
-            if include_retired:
-                docs = sorted(docs + [retired_doc(r) for r in view.retired], key=lambda d: str(d["name"]))
-            self._docs[include_retired] = (key, docs)
-            return docs
+        return self._listing.get(include_retired)
+
+    def _build_docs(self, include_retired: bool) -> list[dict[str, Any]]:
+        view = self.view
+        docs = [self._instance_doc(inst) for inst in view.instances]
+        if include_retired:
+            docs = sorted(docs + [retired_doc(r) for r in view.retired], key=lambda d: str(d["name"]))
+        return docs
 
     def _docs_key(self) -> tuple[object, ...]:
         incidents = self.supervisor.incidents() if self.supervisor else []
-        return (self.view, self.collector.rounds if self.collector else None,
+        return (self.view.content(), self.collector.rounds if self.collector else None,
                 tuple((i.id, i.status, i.message) for i in incidents))
 
     def instance_doc(self, name: str) -> dict[str, Any]:

@@ -87,7 +87,7 @@ class Switchover:
                 replication.allow_writes(conn)  # nothing switched: the primary writes again
                 raise
         progress(target.name, "taking over", 0.6)
-        now = next((i for i in self.fleet.observe() if i.index == inst.index), inst)
+        now = self.fleet.instance_at(inst.index) or inst
         outcome = self.failover.run(now, to=target.name, progress=progress)
         pause = time.monotonic() - paused_at
         return SwitchoverOutcome(inst.name, primary.name, outcome.new_primary, outcome.host, round(pause, 2))

@@ -10,7 +10,6 @@ Two kinds:
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import re
@@ -20,7 +19,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from pgcarve.errors import ConfigError, NotFound
-from pgcarve.filelock import locked
 
 SECRET_RE = re.compile(r"^[A-Za-z0-9]{16,128}$")
 INSTANCE_FILE_RE = re.compile(r"^[a-z][a-z0-9-]{0,62}$")
@@ -36,8 +34,8 @@ def _check_secret(value: object, what: str) -> None:
         raise ConfigError(f"credentials: the {what} must be 16-128 letters or digits")
 
 
-def _write_private_json(path: Path, doc: dict[str, str]) -> None:
-    """Write `doc` to `path`, 0600 from its creation, replacing the file atomically."""
+def _write_private_json(path: Path, doc: dict[str, str]) -> Path:
+    """Write `doc` to a new file beside `path`, 0600 from its creation and on disk; returns it."""
     tmp = path.with_name(f".{path.name}.{os.getpid()}.{threading.get_ident()}.tmp")
     tmp.unlink(missing_ok=True)
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
@@ -45,7 +43,21 @@ def _write_private_json(path: Path, doc: dict[str, str]) -> None:
         json.dump(doc, fh)
         fh.flush()
         os.fsync(fh.fileno())
-    tmp.replace(path)
+    return tmp
+
+
+def _create_private_json(path: Path, doc: dict[str, str]) -> bool:
+    """Make `path` hold `doc` (0600) unless it exists; False if it did. Atomic without a lock: the
+    file appears whole through a hard link, which fails if another process made it first (so
+    instances being created side by side never wait for each other's fsync)."""
+    tmp = _write_private_json(path, doc)
+    try:
+        os.link(tmp, path)
+    except FileExistsError:
+        return False
+    finally:
+        tmp.unlink(missing_ok=True)
+    return True
 
 
 @dataclass(frozen=True)
@@ -100,10 +112,6 @@ class InstanceSecretStore:
             raise ConfigError(f"{instance!r} is not an instance name")
         return self.directory / f"{instance}.json"
 
-    def _locked(self) -> contextlib.AbstractContextManager[None]:
-        """Held while a file is made, so two processes seeding at once agree on one set."""
-        return locked(self.directory / ".lock")
-
     def exists(self, instance: str) -> bool:
         return self._file(instance).exists()
 
@@ -124,13 +132,12 @@ class InstanceSecretStore:
         path = self._file(instance)
         if path.exists():
             return self.load(instance)
-        with self._locked():
-            if path.exists():
-                return self.load(instance)
-            made = InstanceSecrets(app_password=new_secret(), replication_password=new_secret())
-            _write_private_json(path, {"app_password": made.app_password,
-                                       "replication_password": made.replication_password})
+        path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+        made = InstanceSecrets(app_password=new_secret(), replication_password=new_secret())
+        if _create_private_json(path, {"app_password": made.app_password,
+                                       "replication_password": made.replication_password}):
             return made
+        return self.load(instance)  # another process made them first: theirs are the ones
 
     def remove(self, instance: str) -> None:
         """Forget the instance's passwords (its guests are gone)."""

@@ -14,11 +14,11 @@ import base64
 import hashlib
 import hmac
 import json
+import os
 import re
 import secrets
 import shutil
 import subprocess
-import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
@@ -167,19 +167,27 @@ class GuestSeed:
 
 
 def write_seed_iso(seed: GuestSeed, instance_id: str, path: Path) -> None:
-    """A NoCloud seed (ISO 9660, volume label "cidata") with user-data and meta-data."""
+    """A NoCloud seed (ISO 9660, volume label "cidata") with user-data and meta-data.
+
+    Its inputs are written beside `path` (0600 from their creation: user-data holds secrets)
+    and removed after; the ISO names them through graft points. No directory of its own: at
+    a thousand guests a scale-up spent more on making and removing directories than on this."""
     if shutil.which("genisoimage") is None:
         raise ConfigError("genisoimage is needed to build guest seeds: run `make deps`")
-    with tempfile.TemporaryDirectory(prefix="pgcarve-seed-") as tmp:
-        user_data = Path(tmp) / "user-data"
-        meta_data = Path(tmp) / "meta-data"
-        user_data.write_text(seed.user_data())
-        user_data.chmod(0o600)
-        meta_data.write_text(seed.meta_data(instance_id))
+    user_data = path.with_name(f".{path.name}.user-data")
+    meta_data = path.with_name(f".{path.name}.meta-data")
+    try:
+        for file, text, mode in ((user_data, seed.user_data(), 0o600), (meta_data, seed.meta_data(instance_id), 0o644)):
+            file.unlink(missing_ok=True)
+            with os.fdopen(os.open(file, os.O_WRONLY | os.O_CREAT | os.O_EXCL, mode), "w") as fh:
+                fh.write(text)
         proc = subprocess.run(
             ["genisoimage", "-quiet", "-output", str(path), "-volid", "cidata", "-joliet", "-rock",
-             str(user_data), str(meta_data)],
+             "-graft-points", f"user-data={user_data}", f"meta-data={meta_data}"],
             capture_output=True, text=True, check=False,
         )
-        if proc.returncode != 0:
-            raise ConfigError(f"building the seed for {seed.name} failed: {proc.stderr.strip()}")
+    finally:
+        user_data.unlink(missing_ok=True)
+        meta_data.unlink(missing_ok=True)
+    if proc.returncode != 0:
+        raise ConfigError(f"building the seed for {seed.name} failed: {proc.stderr.strip()}")

@@ -18,7 +18,7 @@ Slots come from the planner (plan_host), which never moves an existing slot as t
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 
 from pgcarve.config import FleetConfig, HostConfig, InstanceSize
 from pgcarve.errors import CapacityError, ConfigError
@@ -39,6 +39,10 @@ class Placement:
 
     config: FleetConfig
     topologies: Mapping[str, HostTopology]
+    # Each host's capacity, planned once: hosts_for and slot ask for it host after host, for
+    # every instance of a scale.
+    _capacities: dict[str, int] = field(default_factory=dict, init=False, compare=False, repr=False)
+    _full_plans: dict[str, HostPlan] = field(default_factory=dict, init=False, compare=False, repr=False)
 
     @property
     def planner(self) -> PlannerConfig:
@@ -46,7 +50,10 @@ class Placement:
 
     def host_capacity(self, host: str) -> int:
         """Instance slots on one host."""
-        return capacity(self.topologies[host], self.planner)
+        found = self._capacities.get(host)
+        if found is None:
+            found = self._capacities[host] = capacity(self.topologies[host], self.planner)
+        return found
 
     def capacity(self) -> int:
         """Instances the fleet can hold: primary hosts' slots, limited by the standby hosts'."""
@@ -95,8 +102,15 @@ class Placement:
             local = index - self.first_index(host) + 1
         else:
             local = index
-        plan = plan_host(self.topologies[host], self.planner, local)
-        return plan, plan.slots[local - 1]
+        if not 1 <= local <= self.host_capacity(host):
+            plan = plan_host(self.topologies[host], self.planner, local)  # the planner says why not
+            return plan, plan.slots[local - 1]
+        # The plan for `local` instances is the full plan's first `local` slots (the planner never
+        # moves a slot as the count grows): planned once per host, not once per instance.
+        full = self._full_plans.get(host)
+        if full is None:
+            full = self._full_plans[host] = plan_host(self.topologies[host], self.planner, self.host_capacity(host))
+        return replace(full, slots=full.slots[:local]), full.slots[local - 1]
 
     def check(self, instances: int) -> None:
         """Refuse (CapacityError/ConfigError, naming the limit) a count the hosts cannot hold."""
