@@ -23,6 +23,7 @@ from pgcarve.config import FleetConfig
 from pgcarve.control.fleet import Fleet
 from pgcarve.control.scaler import Scaler
 from pgcarve.errors import PgcarveError
+from pgcarve.guest.image import LocalImage
 from pgcarve.postgres.pgbench import INSERT_SCRIPT, create_test_table, insert_script, pgbench_path
 from pgcarve.postgres.session import CLIENT_DATABASE
 from pgcarve.settings import Paths
@@ -256,7 +257,7 @@ def experiment(out: Path | None, paths: Paths, cases: Sequence[str], params: Exp
                                       "clients": "per instance/table" if params.clients_per_target
                                       else "split over the instances/tables",
                                       "pgbench": "pgbench -M prepared -n -r -P 1 -l -f insert.sql -c C -j J -T S"},
-                           "versions": {"host": host_versions()}}
+                           "versions": {"host": host_versions(), "image": LocalImage(paths.image_dir).versions()}}
     results: dict[str, dict[str, Any]] = {}
     doc["cases"] = results
     logdir = Path(tempfile.mkdtemp(prefix="pgcarve-bench-logs-"))
