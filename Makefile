@@ -5,7 +5,11 @@ SHELL := /bin/bash
 .DEFAULT_GOAL := help
 
 STATE ?= /var/lib/pgcarve
-IMAGE_DIR ?= $(STATE)/image
+# The guest image's Debian release (images/build.sh --release): trixie (Debian 13, PostgreSQL 17)
+# by default; `make image RELEASE=bookworm` builds Debian 12 (PostgreSQL 15) for comparisons into
+# its own directory, $(STATE)/image-bookworm, which other targets use when given the same RELEASE.
+RELEASE ?= trixie
+IMAGE_DIR ?= $(STATE)/image$(if $(filter-out trixie,$(RELEASE)),-$(RELEASE))
 export PGCARVE_STATE_DIR := $(STATE)
 export PGCARVE_IMAGE_DIR := $(IMAGE_DIR)
 
@@ -79,7 +83,7 @@ tools: apt
 	terraform/tools/install.sh
 
 image: apt
-	images/build.sh $(IMAGE_DIR)
+	images/build.sh --release $(RELEASE) $(IMAGE_DIR)
 
 ## --- demo ---------------------------------------------------------------------------------
 

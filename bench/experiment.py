@@ -19,6 +19,7 @@ from pgcarve.advice.rounds import CaseGroup, run_rounds
 from pgcarve.advice.verdict import EMULATION_CAVEAT, decide_from_cases, ratios, runs_of
 from pgcarve.advice.versions import host_versions
 from pgcarve.control.fleet import Fleet
+from pgcarve.guest.image import LocalImage
 from pgcarve.settings import Paths
 
 from bench.charts import chart_experiment, save_chart
@@ -105,7 +106,7 @@ def experiment(out: Path | None, paths: Paths, cases: Sequence[str], params: Exp
                                       "clients": "per instance/table" if params.clients_per_target
                                       else "split over the instances/tables",
                                       "pgbench": "pgbench -M prepared -n -r -P 1 -l -f insert.sql -c C -j J -T S"},
-                           "versions": {"host": host_versions()}}
+                           "versions": {"host": host_versions(), "image": LocalImage(paths.image_dir).versions()}}
     results: dict[str, dict[str, Any]] = {}
     doc["cases"] = results
     logdir = Path(tempfile.mkdtemp(prefix="pgcarve-bench-logs-"))

@@ -55,6 +55,15 @@ def _setup_text(setup: dict[str, Any]) -> str:
             f"hosts {', '.join(setup.get('hosts', []))}")
 
 
+def image_versions(image: dict[str, str]) -> str:
+    """The guest image's build (its versions.env), or nothing for a run that did not record it."""
+    if not image:
+        return ""
+    return (f"image Debian {image.get('release', '?')} {image.get('debian', '')}".rstrip()
+            + f" (kernel {image.get('kernel', '?')}, PostgreSQL {image.get('postgresql', '?')}, "
+            f"Patroni {image.get('patroni', 'n/a')}, pgBackRest {image.get('pgbackrest', 'n/a')}); ")
+
+
 def summary_markdown(out: Path) -> str:
     lines = ["# pgcarve benchmark results", "",
              "Written by `python -m bench` (`make bench`); each section comes from the JSON file named in "
@@ -213,6 +222,7 @@ def summary_markdown(out: Path) -> str:
         lines += ["", "Versions: host kernel " + str(host.get("kernel")) + ", host " + str(host.get("pgbench")) +
                   (f", {host['qemu']}" if host.get("qemu") else "") + "; guest kernel `" +
                   str(guest.get("kernel", "n/a")) + "`, guest `" + str(guest.get("postgresql", "n/a")) + "`; "
+                  + image_versions(vers.get("image", {})) +
                   f"domain type {ex.get('prepare', {}).get('domain_type')}.", "",
                   "![experiment](experiment.png)", ""]
     if len(lines) <= 4:

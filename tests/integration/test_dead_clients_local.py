@@ -29,7 +29,7 @@ from tests.support.localpg import LocalServer
 pytestmark = pytest.mark.localpg
 
 REPO = Path(__file__).resolve().parents[2]
-GUEST_SETTINGS = REPO / "images/rootfs/etc/postgresql/15/main/conf.d/50-pgcarve.conf"
+GUEST_SETTINGS = REPO / "images/rootfs/usr/share/pgcarve/postgresql.conf.d/50-pgcarve.conf"
 SERVER_ADDRESS, CLIENT_ADDRESS = "10.78.255.1", "10.78.255.2"  # inside the two namespaces only
 CLIENT_LIFETIME_S = 300  # a client process ends by itself after this, whatever happens
 

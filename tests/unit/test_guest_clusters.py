@@ -29,7 +29,7 @@ VERIFIER = "SCRAM-SHA-256$4096:c2FsdA==$c3RvcmVk:c2VydmVy"
 MEMORY = "\n".join(["# Written at boot by pgcarve-guest-setup", "shared_buffers = 192MB", "wal_buffers = 6MB",
                     "effective_cache_size = 460MB", "maintenance_work_mem = 48MB", "max_wal_size = 384MB",
                     "checkpoint_timeout = 15min", ""])
-PATH_CONSTANTS = ("SEED", "ETC_DIR", "DATA_ROOT", "BIN_DIR", "STATE_DIR")
+PATH_CONSTANTS = ("SEED", "MAJOR_FILE", "ETC_DIR", "DATA_ROOT", "BIN_DIR", "STATE_DIR", "TLS_CA")
 
 
 def load_script() -> ModuleType:
@@ -52,10 +52,13 @@ def script(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> ModuleType:
     module = load_script()
     root = tmp_path / "guest"
     monkeypatch.setattr(module, "SEED", root / "etc" / "pgcarve" / "instance.json")
-    monkeypatch.setattr(module, "ETC_DIR", root / "etc" / "postgresql" / "15")
-    monkeypatch.setattr(module, "DATA_ROOT", root / "var" / "lib" / "postgresql" / "15")
-    monkeypatch.setattr(module, "BIN_DIR", root / "usr" / "lib" / "postgresql" / "15" / "bin")
+    monkeypatch.setattr(module, "VERSION", "17")  # what the image's postgresql-major file would say
+    monkeypatch.setattr(module, "ETC_DIR", root / "etc" / "postgresql" / "17")
+    monkeypatch.setattr(module, "DATA_ROOT", root / "var" / "lib" / "postgresql" / "17")
+    monkeypatch.setattr(module, "BIN_DIR", root / "usr" / "lib" / "postgresql" / "17" / "bin")
     monkeypatch.setattr(module, "STATE_DIR", root / "var" / "lib" / "pgcarve")
+    monkeypatch.setattr(module, "MAJOR_FILE", root / "usr" / "share" / "pgcarve" / "postgresql-major")
+    monkeypatch.setattr(module, "TLS_CA", root / "etc" / "pgcarve" / "tls" / "ca.pem")
     monkeypatch.setattr(module, "postgres_ids", lambda: (os.getuid(), os.getgid()))
     monkeypatch.setattr(module, "pause", lambda: None)
     monkeypatch.setattr(module, "run", refuse)
@@ -90,7 +93,7 @@ class Guest:
             (conf / "conf.d").mkdir(parents=True)
             (conf / "postgresql.conf").write_text(f"port = {port}\ninclude_dir = 'conf.d'\n")
             (self.script.DATA_ROOT / name).mkdir(parents=True)
-            (self.script.DATA_ROOT / name / "PG_VERSION").write_text("15\n")
+            (self.script.DATA_ROOT / name / "PG_VERSION").write_text("17\n")
             return subprocess.CompletedProcess(args, 0)
         if args[0] == "pg_ctlcluster":
             _version, name, action = args[1:]
@@ -107,7 +110,7 @@ class Guest:
                 return subprocess.CompletedProcess(args, 1, "", self.basebackup_errors.pop(0))
             datadir = Path(args[args.index("-D") + 1])
             datadir.mkdir()
-            (datadir / "PG_VERSION").write_text("15\n")
+            (datadir / "PG_VERSION").write_text("17\n")
             return subprocess.CompletedProcess(args, 0, "", "")
         assert tool == "psql", args
         self.sql[int(args[args.index("-p") + 1])] = kwargs["input"].decode()
@@ -232,7 +235,7 @@ def test_a_primary_makes_configures_starts_and_seeds_each_cluster(script: Module
     boot(script, guest)
     assert guest.named("pg_createcluster") == [
         ["pg_createcluster", "--port", str(port), "--start-conf", "auto", "--encoding", "UTF8", "--locale", "C.UTF-8",
-         "15", name] for port, name in ((5433, "c2"), (5434, "c3"))]
+         "17", name] for port, name in ((5433, "c2"), (5434, "c3"))]
     assert guest.running == {"main", "c2", "c3"}
     main_conf = script.ETC_DIR / "main"
     for k, name in ((2, "c2"), (3, "c3")):
@@ -282,7 +285,7 @@ def test_a_standby_clones_each_cluster_from_the_same_port_of_its_primary(script:
     backups = guest.named("pg_basebackup")
     assert len(backups) == 3
     conninfo = ("host=10.77.0.12 port=5433 user=replicator application_name=pgcbm0a1b_01_s1 "
-                f"sslmode=verify-ca sslrootcert={script.ETC_DIR / 'main' / 'pgcarve-ca.pem'}")
+                f"sslmode=verify-ca sslrootcert={script.TLS_CA}")
     datadir = script.DATA_ROOT / "c2"
     for backup in backups:
         assert backup[5:9] == ["-d", conninfo, "-D", str(datadir)]
@@ -321,7 +324,7 @@ def test_a_standby_whose_primary_never_answers_gives_up(script: ModuleType, monk
 
 
 def test_a_standby_cluster_follows_the_primary_cluster_on_its_port(script: ModuleType) -> None:
-    ca = script.ETC_DIR / "main" / "pgcarve-ca.pem"
+    ca = script.TLS_CA
     assert script.standby_conninfo(standby_seed(), 3) == ("host=10.77.0.12 port=5434 user=replicator "
                                                           "application_name=pgcbm0a1b_01_s1 "
                                                           f"sslmode=verify-ca sslrootcert={ca}")
@@ -336,7 +339,7 @@ def test_a_new_pg_hba_reloads_every_further_cluster_that_runs(script: ModuleType
     guest.commands.clear()
     assert script.main(["pgcarve-clusters", "reload-hba"]) == 0
     assert [c for c in guest.named("pg_ctlcluster") if c[-1] == "reload"] == [
-        ["pg_ctlcluster", "15", "c2", "reload"], ["pg_ctlcluster", "15", "c3", "reload"]]
+        ["pg_ctlcluster", "17", "c2", "reload"], ["pg_ctlcluster", "17", "c3", "reload"]]
 
 
 def test_reload_hba_does_nothing_for_one_cluster(script: ModuleType) -> None:
@@ -365,6 +368,6 @@ def test_systemd_runs_it_around_the_main_cluster() -> None:
     one, three = (json.dumps(guest_seed(clusters=n).instance_json(), indent=2, sort_keys=True) for n in (1, 3))
     assert "clusters" not in one and '"clusters": 3' in three
     after = next(line for line in unit.splitlines() if line.startswith("After="))
-    assert "postgresql@15-main.service" in after and "pgcarve-guest-passwords.service" in after
+    assert "postgresql.service" in after and "pgcarve-guest-passwords.service" in after
     finish = (ROOTFS / "usr" / "local" / "sbin" / "pgcarve-image-finish").read_text()
     assert "/usr/local/sbin/pgcarve-clusters" in finish

@@ -27,7 +27,7 @@ from pgcarve.advice.host_state import HostState, differences, host_state
 from pgcarve.advice.plan import RAMP_CLIENTS, RAMP_SECONDS, AdvicePlan
 from pgcarve.advice.rounds import CaseGroup, Step, run_rounds
 from pgcarve.advice.verdict import decide_from_cases
-from pgcarve.advice.versions import host_versions, image_versions
+from pgcarve.advice.versions import host_versions
 from pgcarve.control.fleet import Fleet, Progress, no_progress
 from pgcarve.guest.image import LocalImage
 from pgcarve.postgres.pgbench import INSERT_SCRIPT, run_pgbench
@@ -72,7 +72,7 @@ def run_advice(fleet: Fleet, plan: AdvicePlan, say: Say = lambda _m: None,
     base = plan.groups[0].config
     doc: dict[str, Any] = {"kind": "advice", "started_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
                            "plan": plan.to_dict(),
-                           "versions": {"host": host_versions(), "image": image_versions(paths.image_dir)}}
+                           "versions": {"host": host_versions(), "image": LocalImage(paths.image_dir).versions()}}
     hosts = Fleet(base, paths, boot_timeout_s=fleet.boot_timeout_s)
     logdir = Path(tempfile.mkdtemp(prefix="pgcarve-advice-"))
     t0 = time.monotonic()

@@ -29,15 +29,3 @@ def host_versions() -> dict[str, str]:
             versions["qemu"] = subprocess.run([qemu, "--version"], capture_output=True, text=True,
                                               check=False).stdout.splitlines()[0]
     return versions
-
-
-
-def image_versions(image_dir: Path) -> dict[str, str]:
-    """KEY=VALUE lines of the image's versions.env (empty when the image has none)."""
-    found: dict[str, str] = {}
-    with contextlib.suppress(OSError):
-        for line in (image_dir / "versions.env").read_text().splitlines():
-            key, sep, value = line.partition("=")
-            if sep and key.strip() and not key.lstrip().startswith("#"):
-                found[key.strip()] = value.strip().strip('"')
-    return found

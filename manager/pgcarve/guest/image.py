@@ -14,8 +14,8 @@ from pgcarve.virt.storage import BaseImage
 
 @dataclass(frozen=True)
 class LocalImage:
-    """The image's files: base.qcow2, vmlinuz, initrd.img, inputs.sha256 (its content hash) and
-    image.tag (the build's name)."""
+    """The image's files: base.qcow2, vmlinuz, initrd.img, inputs.sha256 (its content hash),
+    image.tag (the build's name) and versions.env (what it runs)."""
 
     directory: Path
 
@@ -36,6 +36,24 @@ class LocalImage:
         """12 hex digits naming this build (its inputs and its data directory's identity): names
         its volumes on the hosts, so two volumes of one name on two hosts are the same build."""
         return (self.directory / "image.tag").read_text().strip()
+
+    @property
+    def versions_file(self) -> Path:
+        return self.directory / "versions.env"
+
+    def versions(self) -> dict[str, str]:
+        """What the build installed (versions.env: release, kernel, postgresql_major, postgresql,
+        patroni, pgbackrest, ...); empty for an image built before it recorded them."""
+        try:
+            text = self.versions_file.read_text()
+        except FileNotFoundError:
+            return {}
+        found: dict[str, str] = {}
+        for line in text.splitlines():
+            key, sep, value = line.partition("=")
+            if sep and key.strip() and not key.lstrip().startswith("#"):
+                found[key.strip()] = value.strip().strip('"')
+        return found
 
     def check(self) -> LocalImage:
         """Itself, or ImageMissing saying how to build it."""

@@ -21,7 +21,7 @@ from pgcarve.naming import application_name
 from pgcarve.postgres.session import ADMIN_USER, CLIENT_DATABASE, DEAD_SERVER_PARAMS, REPLICATION_USER, ClientTls
 
 # Where the image's setup script puts the fleet CA in every guest (a standby verifies its primary with it).
-GUEST_CA_FILE = "/etc/postgresql/15/main/pgcarve-ca.pem"
+GUEST_CA_FILE = "/etc/pgcarve/tls/ca.pem"
 # A multi-host URI gives each host this long before moving on to the next one.
 CONNECT_TIMEOUT_S = 10
 
