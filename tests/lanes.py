@@ -5,7 +5,8 @@ pytest process so that they share their fleets. The local lane, at a lower CPU p
 booting guests go first, runs lint and the unit tests (a failure there is printed within minutes,
 not after the fleets), builds (or finds) the Terraform tools, then runs every other test that
 needs no guest: the Terraform module's, local PostgreSQL servers, the dashboard in Chromium,
-Prometheus. Neither lane waits for the other (the Terraform integration test waits for the tools
+Prometheus; last, once the image is there, the advisor's test, whose sandbox and fleets are its
+own. Neither lane waits for the other (the Terraform integration test waits for the tools
 if they are still being built); the run fails if any step failed.
 
 The guest lane's output is streamed as it comes; each local step's output goes to a log file
@@ -49,6 +50,7 @@ class Step:
     cpu_after: list[int] = field(default_factory=list)
     returncode: int | None = None
     log: Path | None = None
+    needs_image: bool = False  # boots guests: waits for the guest lane's image step
 
     @property
     def seconds(self) -> float:
@@ -72,8 +74,14 @@ def guest_lane() -> list[Step]:
         # What the tests print or log (detection and recovery times, commits kept, Terraform's
         # commands) is kept in the guest lane's report under tests/output/, not repeated here.
         pytest_step("guest tests", "guests", ["tests/integration", "-m", "integration", "-v", "--durations=10",
-                                              "-o", "junit_logging=all"]),
+                                              "-o", "junit_logging=all", f"--ignore={ADVICE_TEST}"]),
     ]
+
+
+# The advisor's test boots a sandbox and fleets of its own and shares nothing with the guest lane's:
+# it runs in the local lane once that lane's other steps are done (at its lower CPU priority, in the
+# time the guest lane leaves idle), rather than adding its minutes to the guest lane's.
+ADVICE_TEST = "tests/integration/test_advise.py"
 
 
 # The unit tests of the Terraform module run its terraform and tflint: after the tools' build,
@@ -89,13 +97,22 @@ def local_lane() -> list[Step]:
         pytest_step("local tests", "local",
                     [NEEDS_TOOLS, "tests/integration", "tests/browser", "tests/monitoring", "-m", "not integration",
                      "-q", "--durations=10"]),
+        advice_step(),
     ]
+
+
+def advice_step() -> Step:
+    step = pytest_step("advice test (guests)", "local", [ADVICE_TEST, "-m", "integration", "-v"])
+    step.needs_image = True
+    return step
 
 
 class Run:
     def __init__(self) -> None:
         self.t0 = time.monotonic()
         self.print_lock = threading.Lock()
+        self.image_built: bool | None = None  # set by the guest lane's image step
+        self.image_done = threading.Event()
 
     def say(self, lane: str, text: str) -> None:
         elapsed = int(time.monotonic() - self.t0)
@@ -129,7 +146,15 @@ class Run:
 
     def run_lane(self, steps: list[Step], stream: bool, niceness: int) -> None:
         for step in steps:
+            if step.needs_image:
+                self.image_done.wait()
+                if not self.image_built:
+                    self.say(step.lane, f"{step.name}: not run, the image was not built")
+                    continue
             self.run_step(step, stream, niceness)
+            if step.name == "image":
+                self.image_built = step.returncode == 0
+                self.image_done.set()
             if step.returncode != 0 and step.name in ("image", "tools"):
                 # A failed build leaves nothing to test: the lane's tests are reported as not run.
                 self.say(step.lane, f"{step.name} failed: the rest of this lane is not run")
