@@ -74,6 +74,10 @@ def test_a_short_advice_reports_inconclusive_and_leaves_the_hosts_as_they_were(
         assert "QEMU TCG" in verdict["caveat"]
     else:
         assert verdict["headline"].startswith("inconclusive: fewer than 3 runs")
+    # The experiment's perf view of the single instance (make deps installs perf: linux-perf).
+    profile = doc["cases"]["single"]["kernel_profile"]
+    assert profile["available"] and profile["symbols"] and profile["samples"], profile
+    print("host kernel during the single instance:", profile["symbols"][:5])
     versions = doc["versions"]
     assert versions["guest"]["postgresql"] and versions["guest"]["kernel"].startswith("Linux version")
     assert versions["host"]["kernel"] and versions["image"]

@@ -7,6 +7,7 @@ from __future__ import annotations
 from typing import Any
 
 from pgcarve.advice.cases import summarize_runs
+from pgcarve.advice.profile import hottest, samples_of
 from pgcarve.advice.report import render_html, render_text
 from pgcarve.advice.verdict import Runs, decide
 
@@ -68,3 +69,35 @@ def test_emulation_is_said_plainly() -> None:
     doc["verdict"] = decide({2: Runs((185.0, 190.0, 195.0))}, Runs((68.0, 70.0, 72.0)), emulated=True).to_dict()
     assert "caveat: the guests ran under QEMU TCG" in render_text(doc)
     assert "class='caveat'>the guests ran under QEMU TCG" in render_html(doc)
+
+
+PERF_REPORT = """# To display the perf.data header info, please use --header/--header-only options.
+#
+# Samples: 12K of event 'cpu-clock:k'
+# Event count (approx.): 3012000000
+#
+# Overhead  Symbol
+# ........  ..............................
+#
+    41.20%  [k] __mutex_lock_slowpath
+    17.03%  [k] mutex_spin_on_owner
+     6.50%  [k] _raw_spin_lock
+     0.80%  [.] not_a_kernel_symbol_but_listed
+"""
+
+
+def test_the_single_instances_kernel_profile_is_reported() -> None:
+    """perf's report parsed into the hottest symbols, which both reports name; a host without perf
+    is said so, not left blank."""
+    symbols = hottest(PERF_REPORT)
+    assert symbols[:2] == [{"symbol": "__mutex_lock_slowpath", "share": 41.2},
+                           {"symbol": "mutex_spin_on_owner", "share": 17.03}]
+    assert samples_of(PERF_REPORT) == 12_000
+    doc = recorded()
+    doc["cases"]["single"]["kernel_profile"] = {"available": True, "seen_from": "the host's kernel",
+                                                "event": "cpu-clock:k", "samples": 12_000, "symbols": symbols}
+    assert ("during the single instance, seen from the host's kernel (perf cpu-clock:k, 12000 samples): "
+            "__mutex_lock_slowpath 41.2 %, mutex_spin_on_owner 17.0 %") in render_text(doc)
+    assert "id='profile'" in render_html(doc) and "__mutex_lock_slowpath 41.2 %" in render_html(doc)
+    doc["cases"]["single"]["kernel_profile"] = {"available": False, "why": "perf is not installed on the host"}
+    assert "host kernel profile: not taken (perf is not installed on the host)" in render_text(doc)

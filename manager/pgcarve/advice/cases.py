@@ -151,7 +151,8 @@ def run_case(case: str, fleet: Fleet, instances: int, params: LoadParams, settin
                               min(params.threads, params.clients))]
     conf = {key: apply_settings(fleet, g, settings) for key, g in configured.items()}
     say(f"{case}: pgbench on {len(targets)} target(s), {params.seconds} s")
-    result = run_load(fleet, targets, params.seconds, params.sampling_rate, logdir)
+    # The experiment profiled its single instance: the one case where one kernel's locks show.
+    result = run_load(fleet, targets, params.seconds, params.sampling_rate, logdir, profile_kernel=case == SINGLE)
     result.update({
         "case": case,
         "how": CASE_DOC[case],

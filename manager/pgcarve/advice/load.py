@@ -21,6 +21,7 @@ from typing import Any
 import psycopg
 
 from pgcarve.advice.measure import cpu_split, host_proc_stat, mean_cpu, parse_proc_stat, percentile
+from pgcarve.advice.profile import KernelProfile
 from pgcarve.control.collector import Target
 from pgcarve.control.fleet import Fleet, Guest
 from pgcarve.control.waits import WaitBreakdown, WaitSampler
@@ -173,8 +174,9 @@ def symptom(waits: Mapping[str, Any], cpu: Mapping[str, float] | None) -> dict[s
 
 
 def run_load(fleet: Fleet, targets: Sequence[LoadTarget], seconds: int, sampling_rate: float,
-             logdir: Path) -> dict[str, Any]:
-    """pgbench on every target at once; host and guest CPU split over the run; latency logs."""
+             logdir: Path, profile_kernel: bool = False) -> dict[str, Any]:
+    """pgbench on every target at once; host and guest CPU split over the run; latency logs; with
+    `profile_kernel`, the host kernel's hottest symbols over the run (advice/profile.py)."""
     guests = {t.guest.name: t.guest for t in targets}
     guest_before = {name: guest_proc_stat(fleet, g) for name, g in guests.items()}
     host_before = host_proc_stat()
@@ -187,8 +189,13 @@ def run_load(fleet: Fleet, targets: Sequence[LoadTarget], seconds: int, sampling
                            extra_args=extra, tls=fleet.client_tls)
 
     t = time.time()
-    with waits_sampled(fleet, targets, seconds) as breakdowns, ThreadPoolExecutor(max_workers=len(targets)) as pool:
-        results = list(pool.map(one, targets))
+    profile = KernelProfile(seconds) if profile_kernel else None
+    try:
+        with waits_sampled(fleet, targets, seconds) as breakdowns, \
+                ThreadPoolExecutor(max_workers=len(targets)) as pool:
+            results = list(pool.map(one, targets))
+    finally:
+        kernel = profile.result() if profile is not None else None
     wall = time.time() - t
     host_after = host_proc_stat()
     guest_after = {name: guest_proc_stat(fleet, g) for name, g in guests.items()}
@@ -220,4 +227,5 @@ def run_load(fleet: Fleet, targets: Sequence[LoadTarget], seconds: int, sampling
         "waits": (waits := waits_doc(breakdowns)),
         "symptom": symptom(waits, mean_cpu(list(guest_cpu.values())) or cpu_split(host_before, host_after)),
         "per_instance": per_target,
+        **({"kernel_profile": kernel} if kernel is not None else {}),
     }

@@ -71,6 +71,20 @@ def versions_line(doc: Mapping[str, Any]) -> str:
     return "; ".join(parts)
 
 
+def profile_line(doc: Mapping[str, Any]) -> str | None:
+    """The host kernel's hottest symbols during the single instance's run (advice/profile.py), in
+    one line; None when that case did not run."""
+    single = (doc.get("cases") or {}).get("single") or {}
+    profile = single.get("kernel_profile")
+    if profile is None:
+        return None
+    if not profile.get("available"):
+        return f"host kernel profile: not taken ({profile.get('why', 'unknown reason')})"
+    symbols = ", ".join(f"{s['symbol']} {s['share']:.1f} %" for s in profile.get("symbols", [])[:8]) or "no samples"
+    return (f"hottest kernel symbols during the single instance, seen from {profile.get('seen_from')} "
+            f"(perf {profile.get('event')}, {profile.get('samples') or '?'} samples): {symbols}")
+
+
 def kept_line(kept: Sequence[str]) -> str:
     """"h0: volume X added" lines as "3 volume(s) of the guest image on h0, h1"."""
     hosts = sorted({line.split(":", 1)[0] for line in kept})
@@ -102,6 +116,9 @@ def render_text(doc: Mapping[str, Any]) -> str:
         lines.append(f"{r['case']:<16} {r['guests']:>6} {r['vcpus']:>5} {r['tps'] or 0:>10,.0f} {runs:<28.28} "
                      f"{r['p50'] or 0:>7.2f} {r['p99'] or 0:>7.2f} {_split(r['guest_cpu']):>16} "
                      f"{_split(r['host_cpu']):>15}  {r['top_wait']}")
+    profile = profile_line(doc)
+    if profile:
+        lines += ["", profile]
     lines += ["", f"verdict: {verdict.get('headline', 'none')}", f"why: {verdict.get('reason', '')}",
               f"figures: {verdict.get('figures', '')}"]
     if verdict.get("caveat"):
@@ -213,6 +230,8 @@ th {{ background: #f3f3f3; }} td:nth-child(n+2) {{ text-align: right; }}
 {_svg_tps(rows)}
 <h2>What the client sessions waited on</h2>
 {_svg_waits(rows)}
+{f"<h2>The host's kernel during the single instance</h2><p class='small' id='profile'>{e(profile)}</p>"
+   if (profile := profile_line(doc)) else ""}
 <h2>Every case</h2>
 <table><tr><th>case</th><th>guests</th><th>vCPUs</th><th>TPS (median)</th><th>runs</th><th>p50 ms</th>
 <th>p99 ms</th><th>guest CPU user/sys/idle %</th><th>host CPU user/sys/idle %</th><th>top wait</th></tr>
