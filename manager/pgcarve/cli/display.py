@@ -4,14 +4,14 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from pgcarve.cli.client import ApiClient
+from pgcarve.cli.client import ApiClient, ApiError
 from pgcarve.control.fleet import Fleet, Instance
 from pgcarve.control.retired import RetiredInstance, retired_doc
 
@@ -56,6 +56,22 @@ def follow_operation(client: ApiClient, op_id: str, title: str) -> dict[str, Any
             if op["status"] in ("succeeded", "failed"):
                 return op
             time.sleep(0.5)
+
+
+def send_and_follow(client: ApiClient, send: Callable[[], dict[str, Any]], what: str, title: str,
+                    no_wait: bool) -> dict[str, Any] | int:
+    """Send a request the API answers with an operation, then follow it with a progress bar: the
+    operation's last document, or the exit code when there is none to follow (said here): 1 when
+    the API refused it, 0 when `no_wait`."""
+    try:
+        op_id = str(send()["operation"])
+    except ApiError as exc:
+        console.print(f"[red]{what} refused ({exc.status}): {exc.detail}", highlight=False)
+        return 1
+    if no_wait:
+        out.print(f"operation {op_id} accepted (follow it: GET /v1/operations/{op_id})")
+        return 0
+    return follow_operation(client, op_id, title)
 
 
 def instance_rows(fleet: Fleet, instances: list[Instance]) -> list[dict[str, Any]]:

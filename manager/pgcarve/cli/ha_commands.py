@@ -17,8 +17,8 @@ from urllib.parse import quote
 
 from rich.table import Table
 
-from pgcarve.cli.client import ApiClient, ApiError
-from pgcarve.cli.display import console, follow_operation, out
+from pgcarve.cli.client import ApiClient
+from pgcarve.cli.display import console, out, send_and_follow
 from pgcarve.errors import ConfigError
 from pgcarve.settings import Settings
 
@@ -69,15 +69,10 @@ def cmd_failover(args: argparse.Namespace, settings: Settings) -> int:
 
 def _role_change(args: argparse.Namespace, settings: Settings, kind: str, body: dict[str, Any]) -> int:
     client = ApiClient.for_settings(settings, args.url)
-    try:
-        op_id = client.post(f"/v1/instances/{quote(args.name, safe='')}/{kind}", body)["operation"]
-    except ApiError as exc:
-        console.print(f"[red]{kind} refused ({exc.status}): {exc.detail}", highlight=False)
-        return 1
-    if args.no_wait:
-        out.print(f"operation {op_id} accepted (follow it: GET /v1/operations/{op_id})")
-        return 0
-    op = follow_operation(client, op_id, f"{kind} {args.name}")
+    op = send_and_follow(client, lambda: client.post(f"/v1/instances/{quote(args.name, safe='')}/{kind}", body),
+                         kind, f"{kind} {args.name}", args.no_wait)
+    if isinstance(op, int):
+        return op
     if op["status"] == "failed":
         console.print(f"[red]{kind} of {args.name} failed: {op['error']}", highlight=False)
         return 1

@@ -12,8 +12,8 @@ import subprocess
 import sys
 import time
 
-from pgcarve.cli.client import ApiClient, ApiError, read_server, server_verify
-from pgcarve.cli.display import console, follow_operation, out
+from pgcarve.cli.client import ApiClient, read_server, server_verify
+from pgcarve.cli.display import console, out, send_and_follow
 from pgcarve.errors import PgcarveError
 from pgcarve.processes import ProcessStatus, read_record, stale_reason, stop
 from pgcarve.settings import Settings
@@ -84,15 +84,10 @@ def cmd_server(args: argparse.Namespace, settings: Settings) -> int:
 
 def cmd_scale(args: argparse.Namespace, settings: Settings) -> int:
     client = ApiClient.for_settings(settings, args.url)
-    try:
-        op_id = client.put("/v1/scale", {"instances": args.instances})["operation"]
-    except ApiError as exc:
-        console.print(f"[red]scale refused ({exc.status}): {exc.detail}")
-        return 1
-    if args.no_wait:
-        out.print(f"operation {op_id} accepted")
-        return 0
-    op = follow_operation(client, op_id, f"scale to {args.instances}")
+    op = send_and_follow(client, lambda: client.put("/v1/scale", {"instances": args.instances}), "scale",
+                         f"scale to {args.instances}", args.no_wait)
+    if isinstance(op, int):
+        return op
     if op["status"] == "failed":
         console.print(f"[red]scale failed: {op['error']}")
         return 1
