@@ -51,6 +51,17 @@ class Replication(BaseModel):
     sync_mode: Literal["FIRST", "ANY"] = "FIRST"
     sync_count: int = Field(1, ge=1, le=4, description="standbys that must confirm each commit")
     synchronous_commit: Literal["off", "local", "remote_write", "on", "remote_apply"] = "remote_write"
+    roles: Literal["manager", "patroni"] = Field(
+        "manager",
+        description="who decides which guest of an instance is primary: Patroni inside each guest, its leader "
+                    "key in the fleet's etcd (needs the etcd section), or the manager's HA loop (being replaced)")
+    patroni_ttl_s: int = Field(
+        20, ge=10, le=600,
+        description="Patroni's leader key TTL: a primary that cannot renew it this long demotes itself and a "
+                    "synchronous standby takes over (the watchdog resets it 5 s before)")
+    patroni_loop_wait_s: int = Field(5, ge=1, le=60, description="how often each Patroni member runs its loop")
+    patroni_retry_timeout_s: int = Field(
+        5, ge=1, le=600, description="how long Patroni retries etcd and PostgreSQL before it demotes a leader")
     retire_catch_up_s: int = Field(
         120, ge=5, le=3600,
         description="scale-down: how long a synchronous standby may take to replay everything once writes are "
@@ -60,6 +71,10 @@ class Replication(BaseModel):
     def _count_fits(self) -> Replication:
         if self.standbys and self.sync_count > self.standbys:
             raise ValueError(f"sync_count {self.sync_count} exceeds standbys {self.standbys}")
+        if self.patroni_loop_wait_s + 2 * self.patroni_retry_timeout_s > self.patroni_ttl_s:
+            least = self.patroni_loop_wait_s + 2 * self.patroni_retry_timeout_s
+            raise ValueError(f"patroni_ttl_s {self.patroni_ttl_s} must be at least patroni_loop_wait_s + 2 x "
+                             f"patroni_retry_timeout_s ({least}), as Patroni requires")
         return self
 
 
@@ -138,14 +153,20 @@ class EtcdConfig(BaseModel):
         min_length=1, max_length=16,
         description="client URLs of the etcd members (https://ADDRESS:PORT); three or more members keep a quorum "
                     "through the loss of one")
+    guest_endpoints: list[str] | None = Field(
+        None, max_length=16,
+        description="the same members as the guests' Patroni reaches them, when not at `endpoints` (the sandbox's "
+                    "manager reaches them through local forwards, its guests on the wire)")
     ca_file: str = Field(description="the CA certificate etcd's server certificates are checked against")
     cert_file: str = Field(description="the manager's client certificate (clientAuth), signed by a CA etcd trusts")
     key_file: str = Field(description="its private key (mode 0600)")
     timeout_s: float = Field(3.0, ge=0.2, le=60, description="how long one request to one member may take")
 
-    @field_validator("endpoints")
+    @field_validator("endpoints", "guest_endpoints")
     @classmethod
-    def _endpoint_urls(cls, value: list[str]) -> list[str]:
+    def _endpoint_urls(cls, value: list[str] | None) -> list[str] | None:
+        if value is None:
+            return None
         for url in value:
             parts = urlsplit(url)
             try:
@@ -160,6 +181,10 @@ class EtcdConfig(BaseModel):
         if len(set(value)) != len(value):
             raise ValueError(f"etcd endpoints are listed twice: {value}")
         return [url.rstrip("/") for url in value]
+
+    def guest_hosts(self) -> tuple[str, ...]:
+        """ADDRESS:PORT of each member as guests reach it."""
+        return tuple(urlsplit(url).netloc for url in (self.guest_endpoints or self.endpoints))
 
     @field_validator("ca_file", "cert_file", "key_file")
     @classmethod
@@ -197,6 +222,13 @@ class FleetConfig(BaseModel):
         if not any(h.role == "primary" for h in self.hosts):
             raise ValueError("at least one host needs role: primary")
         standby_hosts = [h for h in self.hosts if h.role == "standby"]
+        if self.replication.roles == "patroni":
+            if self.etcd is None:
+                raise ValueError("replication.roles: patroni needs the etcd section "
+                                 "(Patroni keeps its leader key there)")
+            if self.instance.clusters != 1:
+                raise ValueError("replication.roles: patroni runs one PostgreSQL cluster per guest; "
+                                 f"instance.clusters is {self.instance.clusters}")
         if self.replication.standbys > len(standby_hosts):
             raise ValueError(
                 f"replication.standbys is {self.replication.standbys} but only {len(standby_hosts)} "

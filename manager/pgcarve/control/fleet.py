@@ -16,6 +16,7 @@ from dataclasses import dataclass, replace
 
 from pgcarve.config import FleetConfig, HostConfig
 from pgcarve.control.locks import InstanceLocks, PlannedStops
+from pgcarve.control.patroni_roles import PatroniLeaders
 from pgcarve.control.sync_record import SyncRecord, SyncRecords
 from pgcarve.errors import ConfigError, GuestNotReady, HostUnreachable, NotFound
 from pgcarve.guest.credentials import Credentials, InstanceSecrets, InstanceSecretStore, load_credentials
@@ -106,6 +107,9 @@ class Fleet:
         self.locks = InstanceLocks()
         self.planned_stops = PlannedStops()
         self.sync_records = SyncRecords(paths.state_dir / "sync")
+        # replication.roles: patroni: the instances' leaders are Patroni's, read from etcd.
+        self.patroni = (PatroniLeaders(config.etcd)
+                        if config.replication.roles == "patroni" and config.etcd is not None else None)
         self.secrets = InstanceSecretStore(paths.instance_secrets_dir)
         self.ca = FleetCA(paths.tls_dir)
         self._credentials: Credentials | None = None
@@ -243,11 +247,19 @@ class Fleet:
 
     def _assemble(self, index: int, members: list[GuestInfo], with_endpoints: bool = True) -> Instance:
         name = instance_name(self.config.fleet, index)
-        primaries = [g for g in members if g.metadata.role == "primary"]
-        primary = _recorded_primary(members, primaries, self.sync_records.get(name))
-        stale = [g for g in primaries if g is not primary]
-        standbys = sorted((g for g in members if g.metadata.role == "standby" and g is not primary),
-                          key=lambda g: g.metadata.standby)
+        if self.patroni is not None:
+            # Patroni's leader key is the one authority; a guest's metadata role is only the one
+            # it was made with.
+            leader = self.patroni.leader(name)
+            primary = next((g for g in members if g.name == leader), None)
+            stale: list[GuestInfo] = []
+            standbys = sorted((g for g in members if g is not primary), key=lambda g: g.metadata.standby or 0)
+        else:
+            primaries = [g for g in members if g.metadata.role == "primary"]
+            primary = _recorded_primary(members, primaries, self.sync_records.get(name))
+            stale = [g for g in primaries if g is not primary]
+            standbys = sorted((g for g in members if g.metadata.role == "standby" and g is not primary),
+                              key=lambda g: g.metadata.standby)
         return Instance(
             index=index,
             name=name,

@@ -35,7 +35,7 @@ from pgcarve.control.sync_record import SyncRecord
 from pgcarve.errors import CapacityError, GuestNotReady, PgcarveError
 from pgcarve.failpoints import failpoint
 from pgcarve.guest.credentials import InstanceSecrets
-from pgcarve.guest.seed import GuestSeed, Role, write_seed_iso
+from pgcarve.guest.seed import GuestSeed, Role, patroni_seed, write_seed_iso
 from pgcarve.naming import application_name, disk_volume, instance_name, seed_volume, slot_name, standby_name
 from pgcarve.postgres import replication
 from pgcarve.postgres.session import first_line
@@ -88,10 +88,13 @@ class Provisioner:
         (clients verify with the CA; `verify-full` where they connect by one of these names)."""
         config = self.fleet.config
         ca = self.fleet.ca
+        patroni = patroni_seed(config, instance, secrets)
         return GuestSeed(
             name=name, role=role, credentials=self.fleet.credentials,
             allowed_cidrs=tuple(config.allowed_cidrs), secrets=secrets,
-            tls=ca.issue_server_certificate(list(dict.fromkeys([name, instance]))),
+            # Under Patroni the same certificate is the guest's etcd client certificate too.
+            tls=ca.issue_certificate(dns_names=list(dict.fromkeys([name, instance])), client=patroni is not None),
+            patroni=patroni,
             ca_pem=ca.certificate_pem(),
             synchronous_commit=config.replication.synchronous_commit,
             synchronous_standby_names=sync_names,
@@ -162,8 +165,9 @@ class Provisioner:
         else:
             lv.define(spec)
 
-    def wait_sql(self, host: HostConfig, name: str, progress: Progress, standby: bool = False) -> Guest:
-        """Wait until PostgreSQL in the guest accepts our login (and, for a standby, is in recovery)."""
+    def wait_sql(self, host: HostConfig, name: str, progress: Progress, standby: bool | None = False) -> Guest:
+        """Wait until PostgreSQL in the guest accepts our login (and, for a standby, is in recovery;
+        `standby` None: in whichever role Patroni gives it)."""
         lv = self.fleet.hosts[host.name]
         timeout_s = self.fleet.boot_timeout_s
         started = time.monotonic()
@@ -188,7 +192,7 @@ class Provisioner:
             if info.state not in ("running", "paused"):
                 raise GuestNotReady(f"{name} on {host.name} stopped while booting (state {info.state})")
             guest = self.fleet.reach(info)
-            if standby and guest.address is not None and guest.address != let_in:
+            if standby is not False and guest.address is not None and guest.address != let_in:
                 try:
                     refresh_replication_access(self.fleet, info.metadata.index)
                     let_in = guest.address
@@ -197,7 +201,7 @@ class Provisioner:
             if guest.endpoint is not None:
                 try:
                     with self.fleet.connect(guest, timeout_s=3) as conn:
-                        if replication.in_recovery(conn) == standby:
+                        if standby is None or replication.in_recovery(conn) == standby:
                             return guest
                         last_error = "not in the expected role yet"
                 except psycopg.Error as exc:
@@ -238,10 +242,16 @@ class Provisioner:
         primary_host, standby_hosts = self.fleet.placement.hosts_for(index)
         standby_names = [standby_name(fleet_name, index, s) for s in range(1, len(standby_hosts) + 1)]
         meta = InstanceMetadata(fleet=fleet_name, cluster=name, role="primary", index=index)
-        # The synchronous set is recorded before the primary exists (control/sync_record.py).
-        record = initial_record(name, name, primary_host.name, standby_names, self.fleet.config.replication)
-        if record is not None:
-            self.fleet.sync_records.put(record)
+        if self.fleet.patroni is not None:
+            # Keys an earlier instance of this name left would make the new primary wait for a
+            # leader that is gone instead of bootstrapping.
+            self.fleet.patroni.forget(name)
+            record = None
+        else:
+            # The synchronous set is recorded before the primary exists (control/sync_record.py).
+            record = initial_record(name, name, primary_host.name, standby_names, self.fleet.config.replication)
+            if record is not None:
+                self.fleet.sync_records.put(record)
         standbys = list(enumerate(zip(standby_names, standby_hosts, strict=True), start=1))
         reserved = self.reserve_address(primary_host, name) if standbys else None
         self.create_guest(primary_host, name, meta, self.primary_seed(name, record), progress)
@@ -334,6 +344,8 @@ class Provisioner:
         """Standby `standby`'s replication slot on `primary`, asked again while the primary is
         too busy to answer (under emulation, booting guests and clones beside it can hold a
         connection past its timeout). Making the slot twice is harmless: it is made if missing."""
+        if self.fleet.patroni is not None:
+            return  # Patroni makes a slot on the leader for every member (use_slots)
         deadline = time.monotonic() + timeout_s
         while True:
             try:

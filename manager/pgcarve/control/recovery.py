@@ -134,7 +134,9 @@ class Repairer:
         host = self.fleet.config.host(guest.info.host)
         progress(guest.name, f"starting again from its disk on {host.name}", 0.2)
         self.fleet.hosts[host.name].start(guest.name)
-        return self.provisioner.wait_sql(host, guest.name, progress, standby=guest.info.metadata.role == "standby")
+        # Under Patroni the guest takes whatever role Patroni gives it (a former leader rejoins).
+        role = None if self.fleet.patroni is not None else guest.info.metadata.role == "standby"
+        return self.provisioner.wait_sql(host, guest.name, progress, standby=role)
 
     def rebuild_standby(self, primary: Guest, host: HostConfig, name: str, number: int,
                         progress: Progress = no_progress) -> Guest:
@@ -230,6 +232,8 @@ class Repairer:
         inst = self.current(index)
         if inst is None:
             return RepairResult()
+        if self.fleet.patroni is not None:
+            return self._repair_machines(inst, progress, done)
         record = self.fleet.sync_records.get(inst.name)
         primary = inst.primary
         if record is not None and record.failover_to is not None:
@@ -276,6 +280,40 @@ class Repairer:
                     self.provisioner.wait_streaming(primary_now, streaming, progress)
         for step in left:
             log.warning("%s: left to its owner: %s", inst.name, step.message)
+        return RepairResult(tuple(done), tuple(left))
+
+    def _repair_machines(self, inst: Instance, progress: Progress, done: list[RepairStep]) -> RepairResult:
+        """Under Patroni the manager repairs machines, never roles: a guest that stopped is started
+        again from its disk (Patroni makes it a replica, rewinding a former leader), a missing
+        standby is built (Patroni clones it). A guest on a host that does not answer is left until
+        the host does: Patroni has already moved the leader if it had to."""
+        unreachable = self.fleet.unreachable_hosts()
+        for guest in inst.guests:
+            if guest.info.state in ("running", "paused", "unreachable") or guest.info.host in unreachable:
+                continue
+            self.restart(guest, progress)
+            done.append(RepairStep(guest.name, Action.RESTART,
+                                   f"started {guest.name} again from its disk on {guest.info.host}; Patroni gives it "
+                                   "its role"))
+        left: list[RepairStep] = []
+        missing, short = self.missing_standbys(self.current(inst.index) or inst)
+        primary = (self.current(inst.index) or inst).primary
+        if missing and primary is None:
+            raise GuestNotReady(f"{inst.name} has no leader in etcd yet: its missing standbys are built once Patroni "
+                                "elects one")
+        used = {g.info.metadata.standby for g in inst.guests}
+        numbers = iter(n for n in range(1, len(inst.guests) + self.fleet.config.replication.standbys + 1)
+                       if n not in used)
+        for host, name in missing:
+            assert primary is not None
+            number = next(numbers)
+            if not manager_may(Action.REBUILD, instance_creator(inst)):
+                left.append(RepairStep(name, Action.NONE, left_to_owner(f"standby {name}", [host.name])))
+                continue
+            self.build_standby(primary, host, name, number, progress)
+            done.append(RepairStep(name, Action.REBUILD, f"built {name} on {host.name}; Patroni cloned it"))
+        if short:
+            log.warning("%s: %s", inst.name, short)
         return RepairResult(tuple(done), tuple(left))
 
     def _fail_over(self, inst: Instance, progress: Progress, why: str) -> RepairStep:

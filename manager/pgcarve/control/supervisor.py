@@ -120,7 +120,8 @@ class Supervisor:
         for watch in self._watches:
             watch.start()
         self._thread.start()
-        self.watch.start()
+        if self.fleet.patroni is None:  # under Patroni the synchronous set and fencing are Patroni's
+            self.watch.start()
 
     def stop(self) -> None:
         self._stop.set()
@@ -253,6 +254,8 @@ class Supervisor:
         members = inst.guests
         if not members or any(g.info.creating for g in members):
             return []
+        if self.fleet.patroni is not None:
+            return self._machine_problems(inst)
         timeout = self.fleet.config.recovery.host_timeout_s
         unreachable = self.fleet.unreachable_hosts()
 
@@ -292,6 +295,19 @@ class Supervisor:
         if len(inst.standbys) + len(inst.stale) < wanted:
             found.append((inst.name, "?", "standby", "standby missing",
                           f"{len(inst.standbys)} of {wanted} standby guests exist"))
+        return found
+
+    def _machine_problems(self, inst: Instance) -> list[tuple[str, str, str, str, str]]:
+        """Under Patroni only machines are the manager's: guests that stopped, standbys missing."""
+        found = []
+        for guest in inst.guests:
+            if guest.info.state not in ("running", "paused", "unreachable"):
+                role = "primary" if guest is inst.primary else "standby"
+                found.append((guest.name, guest.info.host, role, f"{role} not running", f"state {guest.info.state}"))
+        wanted = self.fleet.config.replication.standbys
+        if len(inst.guests) - 1 < wanted:
+            found.append((inst.name, "?", "standby", "standby missing",
+                          f"{len(inst.guests) - 1} of {wanted} standby guests exist"))
         return found
 
     def _logs_in(self, guest: Guest) -> bool:

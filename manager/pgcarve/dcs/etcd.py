@@ -13,6 +13,7 @@ cluster (a leader, a quorum) is decided in dcs/health.py.
 
 from __future__ import annotations
 
+import base64
 import ssl
 import time
 from collections.abc import Mapping, Sequence
@@ -81,6 +82,21 @@ def _member(raw: Mapping[str, Any]) -> EtcdMember:
     return EtcdMember(id=str(raw.get("ID", "0")), name=str(raw.get("name", "")),
                       peer_urls=tuple(str(u) for u in raw.get("peerURLs", ()) or ()),
                       client_urls=tuple(str(u) for u in raw.get("clientURLs", ()) or ()))
+
+
+def _b64(raw: bytes) -> str:
+    return base64.b64encode(raw).decode()
+
+
+def _prefix_end(prefix: bytes) -> bytes:
+    """The first key after every key starting with `prefix` (etcd's range_end for a prefix)."""
+    end = bytearray(prefix)
+    while end and end[-1] == 0xFF:
+        end.pop()
+    if not end:
+        return b"\0"  # every key
+    end[-1] += 1
+    return bytes(end)
 
 
 class EtcdClient:
@@ -181,6 +197,29 @@ class EtcdClient:
                 continue
             return _member(doc.get("member", {}))
         raise last or DcsUnavailable("no etcd endpoint to ask")
+
+    def _first_answer(self, path: str, body: Mapping[str, Any]) -> Mapping[str, Any]:
+        last: DcsUnavailable | None = None
+        for endpoint in self.config.endpoints:
+            try:
+                return self._post(endpoint, path, body)
+            except DcsUnavailable as exc:
+                last = exc
+        raise last or DcsUnavailable("no etcd endpoint to ask")
+
+    def get_prefix(self, prefix: str) -> dict[str, bytes]:
+        """Every key under `prefix` with its value, in one linearizable read (one request, whatever
+        the number of keys: the manager reads all of Patroni's instances at once)."""
+        doc = self._first_answer("/v3/kv/range", {"key": _b64(prefix.encode()),
+                                                  "range_end": _b64(_prefix_end(prefix.encode()))})
+        return {base64.b64decode(kv["key"]).decode(): base64.b64decode(kv.get("value", ""))
+                for kv in doc.get("kvs", ()) or ()}
+
+    def delete_prefix(self, prefix: str) -> int:
+        """Delete every key under `prefix`; how many there were."""
+        doc = self._first_answer("/v3/kv/deleterange", {"key": _b64(prefix.encode()),
+                                                        "range_end": _b64(_prefix_end(prefix.encode()))})
+        return _as_int(doc.get("deleted"))
 
     def probe(self) -> Probe:
         """Every endpoint's status, asked in parallel (each bounded by the timeout), and the

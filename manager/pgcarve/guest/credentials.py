@@ -91,10 +91,14 @@ class InstanceSecrets:
 
     app_password: str = field(repr=False)
     replication_password: str = field(repr=False)
+    # The REST API password of the instance's Patroni members (none for an instance made before).
+    patroni_password: str | None = field(default=None, repr=False)
 
     def __post_init__(self) -> None:
         _check_secret(self.app_password, "application password")
         _check_secret(self.replication_password, "replication password")
+        if self.patroni_password is not None:
+            _check_secret(self.patroni_password, "Patroni REST API password")
 
 
 class InstanceSecretStore:
@@ -125,7 +129,8 @@ class InstanceSecretStore:
                 f"no credentials recorded for instance {instance} (expected {path}): it was created before "
                 "per-instance credentials, or by another state directory. Scale it away and create it again "
                 "to give it an application role") from None
-        return InstanceSecrets(app_password=data["app_password"], replication_password=data["replication_password"])
+        return InstanceSecrets(app_password=data["app_password"], replication_password=data["replication_password"],
+                               patroni_password=data.get("patroni_password"))
 
     def load_or_create(self, instance: str) -> InstanceSecrets:
         """The instance's passwords, made (random, 0600) if it has none yet."""
@@ -133,9 +138,10 @@ class InstanceSecretStore:
         if path.exists():
             return self.load(instance)
         path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
-        made = InstanceSecrets(app_password=new_secret(), replication_password=new_secret())
-        if _create_private_json(path, {"app_password": made.app_password,
-                                       "replication_password": made.replication_password}):
+        app, replication, patroni = new_secret(), new_secret(), new_secret()
+        made = InstanceSecrets(app_password=app, replication_password=replication, patroni_password=patroni)
+        if _create_private_json(path, {"app_password": app, "replication_password": replication,
+                                       "patroni_password": patroni}):
             return made
         return self.load(instance)  # another process made them first: theirs are the ones
 

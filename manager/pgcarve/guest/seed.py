@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Literal
 
 from pgcarve.addresses import check_address, check_network
-from pgcarve.config import MAX_CLUSTERS
+from pgcarve.config import MAX_CLUSTERS, FleetConfig
 from pgcarve.errors import ConfigError
 from pgcarve.guest.credentials import Credentials, InstanceSecrets
 from pgcarve.guest.tls import KeyAndCertificate
@@ -48,6 +48,57 @@ def scram_verifier(password: str, salt: bytes | None = None, iterations: int = S
         return base64.b64encode(raw).decode()
 
     return f"SCRAM-SHA-256${iterations}:{b64(salt)}${b64(stored_key)}:{b64(server_key)}"
+
+
+@dataclass(frozen=True)
+class PatroniSeed:
+    """What a guest's Patroni needs (its configuration is written in the guest from this)."""
+
+    scope: str  # the instance: one Patroni cluster per instance
+    etcd_hosts: tuple[str, ...]  # ADDRESS:PORT of each etcd member
+    rest_password: str = field(repr=False)
+    synchronous_mode: Literal["on", "quorum", "off"] = "on"
+    synchronous_node_count: int = 1
+    ttl: int = 20
+    loop_wait: int = 5
+    retry_timeout: int = 5
+
+    def __post_init__(self) -> None:
+        if not self.etcd_hosts:
+            raise ConfigError(f"{self.scope}: Patroni needs at least one etcd member")
+        for host in self.etcd_hosts:
+            address, _, port = host.rpartition(":")
+            check_address(address)
+            if not port.isdigit():
+                raise ConfigError(f"{self.scope}: etcd member {host!r} is not ADDRESS:PORT")
+
+    def document(self, replication_password: str) -> dict[str, object]:
+        return {"scope": self.scope, "etcd_hosts": list(self.etcd_hosts), "rest_password": self.rest_password,
+                "replication_password": replication_password, "synchronous_mode": self.synchronous_mode,
+                "synchronous_node_count": self.synchronous_node_count, "ttl": self.ttl,
+                "loop_wait": self.loop_wait, "retry_timeout": self.retry_timeout}
+
+
+def patroni_seed(config: FleetConfig, instance: str, secrets: InstanceSecrets) -> PatroniSeed | None:
+    """The Patroni part of `instance`'s seeds, from the hosts file; None when the manager decides
+    roles. FIRST k maps to Patroni's synchronous mode with k synchronous standbys, ANY k to its
+    quorum mode (Patroni 4): a standby is promoted only with the proof a quorum gives."""
+    replication = config.replication
+    if replication.roles != "patroni":
+        return None
+    if config.etcd is None:
+        raise ConfigError("replication.roles: patroni needs the hosts file's etcd section")
+    if secrets.patroni_password is None:
+        raise ConfigError(f"{instance} was made before Patroni ran its guests (no Patroni password recorded); "
+                          "scale it away and create it again")
+    synchronous = replication.standbys > 0 and replication.synchronous_commit not in ("off", "local")
+    mode: Literal["on", "quorum", "off"] = "off"
+    if synchronous:
+        mode = "quorum" if replication.sync_mode == "ANY" else "on"
+    return PatroniSeed(scope=instance, etcd_hosts=config.etcd.guest_hosts(), rest_password=secrets.patroni_password,
+                       synchronous_mode=mode, synchronous_node_count=replication.sync_count,
+                       ttl=replication.patroni_ttl_s, loop_wait=replication.patroni_loop_wait_s,
+                       retry_timeout=replication.patroni_retry_timeout_s)
 
 
 @dataclass(frozen=True)
@@ -81,6 +132,8 @@ class GuestSeed:
     # A standby of a primary made at the same time from the same image: its own data directory
     # (the image's, untouched) is where the primary starts from, so it streams without a copy.
     from_image: bool = False
+    # Patroni runs PostgreSQL and decides roles (replication.roles: patroni); None: the manager does.
+    patroni: PatroniSeed | None = None
 
     def __post_init__(self) -> None:
         if not INSTANCE_NAME_RE.fullmatch(self.name):
@@ -130,6 +183,8 @@ class GuestSeed:
             "app_user": APP_USER,
             "app_database": APP_DATABASE,
         }
+        if self.patroni is not None:
+            doc["patroni"] = self.patroni.document(self.secrets.replication_password)
         if self.clusters > 1:  # absent means one: seeds of ordinary guests stay as they were
             doc["clusters"] = self.clusters
         if self.replication_peers:

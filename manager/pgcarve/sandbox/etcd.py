@@ -165,7 +165,9 @@ class SandboxEtcd:
         ca, cert, key = self.client_files
         endpoints = [m.client_url if direct else f"https://127.0.0.1:{self.forwards.port(m.forward_name)}"
                      for m in self.members()]
-        return EtcdConfig(endpoints=endpoints, ca_file=str(ca), cert_file=str(cert), key_file=str(key))
+        on_wire = [m.client_url for m in self.members()]
+        return EtcdConfig(endpoints=endpoints, guest_endpoints=None if direct else on_wire,
+                          ca_file=str(ca), cert_file=str(cert), key_file=str(key))
 
     # -- up ------------------------------------------------------------------------------------
 

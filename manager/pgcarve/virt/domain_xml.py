@@ -228,6 +228,9 @@ class DomainSpec:
         ET.SubElement(channel, "target", {"type": "virtio", "name": "org.qemu.guest_agent.0"})
         rng = ET.SubElement(devices, "rng", {"model": "virtio"})
         ET.SubElement(rng, "backend", {"model": "random"}).text = "/dev/urandom"
+        # A hardware watchdog the guest's Patroni arms while it is the leader: a primary whose Patroni
+        # stops renewing (a hung guest) is reset before its leader key runs out (ttl - safety margin).
+        ET.SubElement(devices, "watchdog", {"model": "i6300esb", "action": "reset"})
         ET.SubElement(devices, "memballoon", {"model": "none"})
         ET.indent(dom)
         return ET.tostring(dom, encoding="unicode") + "\n"
