@@ -45,9 +45,9 @@ packages=(
   systemd-sysv udev dbus linux-image-cloud-amd64 initramfs-tools
   "postgresql-$major" "postgresql-client-$major" cloud-init qemu-guest-agent
   iproute2 netbase procps python3
-  # Installed, not started: a later change runs them (nothing of theirs is enabled at boot,
-  # see pgcarve-image-finish).
-  patroni pgbackrest
+  # Patroni runs from pgcarve-patroni.service under replication.roles: patroni; its etcd3 client
+  # needs python3-etcd, which Debian only recommends. pgBackRest is installed, not started yet.
+  patroni python3-etcd pgbackrest
 )
 
 inputs_hash() {
