@@ -7,12 +7,15 @@ nothing is ever sent in the clear. httpx errors are translated here, once, into
 `DcsUnavailable` (the member did not answer, refused us, or answered with an error) and
 `ConfigError` (our own certificate files are missing or unreadable).
 
-Results are immutable snapshots (`EtcdMember`, `EndpointStatus`, `Probe`); what they mean for the
-cluster (a leader, a quorum) is decided in dcs/health.py.
+Results are immutable snapshots (`EtcdMember`, `EndpointStatus`, `Probe`, `KeyRange`); what they
+mean for the cluster (a leader, a quorum) is decided in dcs/health.py, and what Patroni's keys mean
+in patroni/view.py. Keys and values travel base64-encoded in the gateway's JSON; they are decoded
+here, so callers see text.
 """
 
 from __future__ import annotations
 
+import base64
 import ssl
 import time
 from collections.abc import Mapping, Sequence
@@ -68,6 +71,56 @@ class Probe:
     members: tuple[EtcdMember, ...] | None  # None: no endpoint gave the list
     members_error: str | None
     at: float  # Unix time
+
+
+@dataclass(frozen=True)
+class KeyValue:
+    """One key as a range read returned it. `lease` is "0" when the key has none (Patroni's
+    leader and member keys have one: they vanish when their owner stops renewing it)."""
+
+    key: str
+    value: str
+    create_revision: int
+    mod_revision: int
+    version: int  # how many times the key was written since it was created
+    lease: str
+
+
+@dataclass(frozen=True)
+class KeyRange:
+    """Every key under a prefix, read at one revision of the store (one consistent snapshot)."""
+
+    prefix: str
+    revision: int
+    kvs: tuple[KeyValue, ...]
+
+
+# One range answer's size is bounded by the members' gRPC limits, not by us; a prefix read of
+# everything Patroni writes for 1024 instances is a few MB.
+def prefix_range_end(prefix: bytes) -> bytes:
+    """The first key after every key that starts with `prefix` (etcd's range_end for a prefix):
+    the prefix with its last byte below 0xff incremented, and what follows it dropped."""
+    end = bytearray(prefix)
+    while end:
+        if end[-1] < 0xFF:
+            end[-1] += 1
+            return bytes(end)
+        end.pop()
+    return b"\0"  # every key: what an empty or all-0xff prefix means
+
+
+def _b64(data: bytes) -> str:
+    return base64.b64encode(data).decode("ascii")
+
+
+def _text(raw: Any) -> str:
+    return base64.b64decode(str(raw or "")).decode("utf-8", errors="replace")
+
+
+def _key_value(raw: Mapping[str, Any]) -> KeyValue:
+    return KeyValue(key=_text(raw.get("key")), value=_text(raw.get("value")),
+                    create_revision=_as_int(raw.get("create_revision")), mod_revision=_as_int(raw.get("mod_revision")),
+                    version=_as_int(raw.get("version")), lease=str(raw.get("lease", "0")))
 
 
 def _as_int(value: Any) -> int:
@@ -181,6 +234,38 @@ class EtcdClient:
                 continue
             return _member(doc.get("member", {}))
         raise last or DcsUnavailable("no etcd endpoint to ask")
+
+    def _first_answer(self, path: str, body: Mapping[str, Any]) -> Mapping[str, Any]:
+        last: DcsUnavailable | None = None
+        for endpoint in self.config.endpoints:
+            try:
+                return self._post(endpoint, path, body)
+            except DcsUnavailable as exc:
+                last = exc
+        raise last or DcsUnavailable("no etcd endpoint to ask")
+
+    def range_prefix(self, prefix: str) -> KeyRange:
+        """Every key under `prefix` in one request, sorted by key, linearizable (what a quorum
+        agreed on, not one member's possibly stale copy), from the first endpoint that answers."""
+        if not prefix:
+            raise ValueError("a prefix read needs a prefix (an empty one would read the whole store)")
+        raw = prefix.encode()
+        doc = self._first_answer("/v3/kv/range", {"key": _b64(raw), "range_end": _b64(prefix_range_end(raw)),
+                                                  "sort_order": "ASCEND", "sort_target": "KEY"})
+        kvs = tuple(_key_value(kv) for kv in doc.get("kvs", ()) or ())
+        if doc.get("more"):  # only with a limit, which we never set; a partial answer is never taken for all
+            raise DcsUnavailable(f"etcd answered a partial read of {prefix}: {len(kvs)} keys and more")
+        return KeyRange(prefix, _as_int(doc.get("header", {}).get("revision")), kvs)
+
+    def delete_prefix(self, prefix: str) -> int:
+        """Delete every key under `prefix` in one request; how many there were (0 when none:
+        deleting again is harmless). Refuses prefixes that are not a directory ("/a/b/")."""
+        if not prefix.startswith("/") or not prefix.endswith("/") or prefix.count("/") < 3:
+            raise ValueError(f"refusing to delete under {prefix!r}: a prefix to delete must be a directory "
+                             "two levels deep or more, like /service/pgc-01/")
+        raw = prefix.encode()
+        doc = self._first_answer("/v3/kv/deleterange", {"key": _b64(raw), "range_end": _b64(prefix_range_end(raw))})
+        return _as_int(doc.get("deleted"))
 
     def probe(self) -> Probe:
         """Every endpoint's status, asked in parallel (each bounded by the timeout), and the
