@@ -1,9 +1,10 @@
 """pgcarve's Patroni modules against a real etcd and two real Patroni members on 127.0.0.1 (this
 host's Patroni from Debian, and PostgreSQL 15; no guests): the view read from etcd (one request for
-every scope), a switchover asked through the REST client and followed in the view, refusals and
-unreachable members translated into pgcarve's errors, pause and resume, and a purge of the scope's
-keys. Everything over TLS from a throw-away CA (tests/support/patroni_local.py); every process is
-stopped by its PID at the end."""
+every scope), a switchover and a forced failover asked through the REST client and followed in the
+view, refusals and unreachable members translated into pgcarve's errors, pause and resume, a fleet
+of 1024 instances' keys read in one request, and a purge of the scope's keys. Everything over TLS
+from a throw-away CA (tests/support/patroni_local.py); every process is stopped by its PID at the
+end."""
 
 from __future__ import annotations
 
@@ -16,7 +17,7 @@ from pathlib import Path
 from typing import TypeVar
 
 import pytest
-from pgcarve.dcs.etcd import EtcdClient
+from pgcarve.dcs.etcd import EtcdClient, prefix_range_end
 from pgcarve.errors import ConfigError, PatroniRefused, PatroniUnavailable
 from pgcarve.guest.tls import new_ca
 from pgcarve.patroni.rest import PatroniClient
@@ -177,6 +178,48 @@ def test_pause_and_resume(local: Local) -> None:
         assert "pause" not in rest.resume()
     eventually("no member paused", lambda: v if (v := local.view()) is not None and not v.paused
                and not any(m.paused for m in v.members) else None)
+
+
+def test_a_forced_failover_through_the_rest_api_is_followed_by_the_view(local: Local) -> None:
+    before = eventually("a settled cluster", local.settled)
+    old, (new,) = before.leader, before.synchronous_standbys
+    started = time.monotonic()
+    with local.rest(old) as rest:  # type: ignore[arg-type]
+        message = rest.failover(new)
+    assert new in message
+    after = eventually(f"{new} leading with {old} as its synchronous standby", lambda: local.settled(new))
+    print(f"failover {old} -> {new}: answered and settled in {time.monotonic() - started:.1f} s")
+    assert after.timeline == before.timeline + 1  # type: ignore[operator]
+
+
+def test_a_fleet_of_1024_instances_is_read_in_one_request(local: Local) -> None:
+    """Every key a settled instance has, for 1024 scopes, under a namespace of their own: one range
+    answer of a few MB, within what etcd's gateway sends."""
+    view = eventually("a settled cluster", local.settled)
+    keys = local.etcd.range_prefix(f"/service/{SCOPE}/").kvs
+    namespace = "/fleet-of-1024/"
+    endpoint = local.cluster.etcd.endpoint
+    per_txn = 128 // len(keys)  # etcd's --max-txn-ops default
+    scopes = [f"pgc-{i:04d}" for i in range(1024)]
+    for start in range(0, len(scopes), per_txn):
+        puts = [{"requestPut": {"key": b64(kv.key.replace(f"/service/{SCOPE}/", f"{namespace}{scope}/")),
+                                "value": b64(kv.value)}}
+                for scope in scopes[start:start + per_txn] for kv in keys]
+        local.etcd._post(endpoint, "/v3/kv/txn", {"success": puts})
+    try:
+        started = time.monotonic()
+        fleet = read_all(local.etcd, namespace)
+        took = time.monotonic() - started
+        size = sum(len(kv.key) + len(kv.value) for kv in keys) * len(scopes)
+        print(f"{len(fleet)} scopes ({len(keys)} keys each, {size / 1e6:.1f} MB of keys and values) read in "
+              f"{took:.2f} s")
+        assert list(fleet) == scopes
+        assert {v.leader for v in fleet.values()} == {view.leader}
+        assert all(v.synchronous_standbys == view.synchronous_standbys for v in fleet.values())
+    finally:
+        end = base64.b64encode(prefix_range_end(namespace.encode())).decode()
+        deleted = local.etcd._post(endpoint, "/v3/kv/deleterange", {"key": b64(namespace), "range_end": end})
+    assert int(deleted.get("deleted", 0)) == len(scopes) * len(keys)
 
 
 def test_a_purge_removes_every_key_of_the_scope_and_nothing_else(local: Local) -> None:
