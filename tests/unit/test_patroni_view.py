@@ -95,6 +95,24 @@ def test_quorum_mode_names_every_quorum_standby_and_the_quorum() -> None:
     assert cluster.sync is not None and cluster.sync.quorum == 1
 
 
+def test_a_switchover_in_quorum_mode_keeps_every_other_member_in_the_quorum() -> None:
+    cluster = view(QUORUM, "after_switchover")
+    assert cluster.leader == "pgc-01" and cluster.timeline == 2
+    assert cluster.synchronous_standbys == ("pgc-01-s1", "pgc-01-s2") and cluster.sync.quorum == 1  # type: ignore[union-attr]
+    assert cluster.history[-1].new_leader == "pgc-01"
+    assert [m.lag_bytes for m in cluster.members] == [None, 0, 0]
+    rest_view = cluster_status(rest(QUORUM, "rest_cluster_after_switchover"))
+    assert rest_view.leader == "pgc-01" and {m.role for m in rest_view.members} == {"leader", "quorum_standby"}
+
+
+def test_a_leader_without_etcd_says_it_keeps_its_role_in_failsafe_mode() -> None:
+    """Recorded with etcd stopped under a Patroni 4.0.7 leader that reached both its standbys."""
+    status = member_status(rest(QUORUM, "rest_patroni_failsafe_leader"))
+    assert status.failsafe_active and status.cluster_unlocked and status.role == "primary"
+    assert status.state == "running" and len(status.replication) == 2
+    assert not member_status(rest(QUORUM, "rest_patroni_leader")).failsafe_active
+
+
 def test_every_scope_is_read_from_one_range_answer() -> None:
     kvs: list[KeyValue] = []
     for index, (release, stage) in enumerate([(V3, "steady"), (V4, "after_switchover"), (QUORUM, "steady")]):

@@ -59,6 +59,7 @@ class MemberStatus:
     sync_standby: bool  # this standby is synchronous
     quorum_standby: bool  # this standby counts in Patroni 4's quorum
     failsafe_active: bool  # a leader keeping its role through a DCS outage, right now
+    cluster_unlocked: bool  # this member sees no leader key (etcd lost, or a leader race)
     replication: tuple[Replica, ...]
     system_identifier: str | None
 
@@ -121,7 +122,8 @@ def member_status(doc: Mapping[str, Any]) -> MemberStatus:
         wal_position=_int(xlog.get("location", xlog.get("received_location"))),
         replayed_position=_int(xlog.get("replayed_location")), paused=bool(doc.get("pause")),
         sync_standby=bool(doc.get("sync_standby")), quorum_standby=bool(doc.get("quorum_standby")),
-        failsafe_active=bool(doc.get("failsafe_mode_is_active")), replication=replicas,
+        failsafe_active=bool(doc.get("failsafe_mode_is_active")), cluster_unlocked=bool(doc.get("cluster_unlocked")),
+        replication=replicas,
         system_identifier=_text(doc.get("database_system_identifier")))
 
 
