@@ -35,17 +35,24 @@ def rest(release: str, name: str) -> dict[str, object]:
     return dict(json.loads((DATA / release / f"{name}.json").read_text()))
 
 
-@pytest.mark.parametrize(("release", "leader", "standby"), [(V3, "pgc-01-s1", "pgc-01"), (V4, "pgc-01", "pgc-01-s1")])
-def test_a_steady_cluster_shows_its_leader_and_its_synchronous_standby(release: str, leader: str,
-                                                                        standby: str) -> None:
+def leader_key(release: str, stage: str) -> str:
+    """The leader key's value as recorded (the raw text, not through the view)."""
+    kvs, _ = recorded(release, stage)
+    return next(kv.value for kv in kvs if kv.key.endswith("/leader"))
+
+
+@pytest.mark.parametrize("release", [V3, V4])
+def test_a_steady_cluster_shows_its_leader_and_its_synchronous_standby(release: str) -> None:
     cluster = view(release, "steady")
+    leader = leader_key(release, "steady")
+    (standby,) = {"pgc-01", "pgc-01-s1"} - {leader}
     assert cluster.leader == leader and cluster.synchronous_standbys == (standby,)
     assert [m.name for m in cluster.members] == ["pgc-01", "pgc-01-s1"]
     lead, other = cluster.member(leader), cluster.member(standby)
     assert lead is not None and other is not None
     assert lead.role == "primary" and other.role == "replica"  # 3.0's "master" is read as "primary"
     assert lead.running and other.running and lead.lag_bytes is None
-    assert other.lag_bytes == 0  # it had received past the leader's last recorded LSN
+    assert other.lag_bytes == 0  # it had received up to (or past) the leader's last recorded LSN
     assert cluster.timeline == 1 and cluster.history == ()
     assert cluster.settings is not None and cluster.settings.synchronous_mode == "on"
     assert cluster.settings.ttl == 20 and cluster.settings.loop_wait == 1 and not cluster.paused
@@ -56,32 +63,36 @@ def test_a_steady_cluster_shows_its_leader_and_its_synchronous_standby(release: 
     assert cluster.pending is None and cluster.sync is not None and cluster.sync.quorum == 0
     # Member keys live under their own Patroni's lease; the leader key under the leader's.
     kvs, _ = recorded(release, "steady")
-    (leader_key,) = [kv for kv in kvs if kv.key.endswith("/leader")]
-    assert lead.lease == leader_key.lease != other.lease and "0" not in (lead.lease, other.lease)
+    (lock,) = [kv for kv in kvs if kv.key.endswith("/leader")]
+    assert lead.lease == lock.lease != other.lease and "0" not in (lead.lease, other.lease)
 
 
 def test_patroni_4_writes_replication_state_and_slots_that_3_does_not() -> None:
     v3, v4 = view(V3, "steady"), view(V4, "steady")
-    assert v4.member("pgc-01-s1").replication_state == "streaming"  # type: ignore[union-attr]
-    assert v3.member("pgc-01").replication_state is None  # type: ignore[union-attr]
+    assert [m.replication_state for m in v4.members if m.name != v4.leader] == ["streaming"]
+    assert [m.replication_state for m in v3.members] == [None, None]
     assert set(v4.slots) == {"pgc_01", "pgc_01_s1"} and dict(v3.slots) == {}
     assert v4.member("pgc-01").patroni_version == "4.0.7"  # type: ignore[union-attr]
     assert v3.member("pgc-01").patroni_version == "3.0.2"  # type: ignore[union-attr]
 
 
-@pytest.mark.parametrize(("release", "new_leader"), [(V3, "pgc-01"), (V4, "pgc-01-s1")])
-def test_after_a_switchover_the_view_follows_the_new_leader_and_timeline(release: str, new_leader: str) -> None:
+@pytest.mark.parametrize("release", [V3, V4, QUORUM])
+def test_after_a_switchover_the_view_follows_the_new_leader_and_timeline(release: str) -> None:
     before, after = view(release, "steady"), view(release, "after_switchover")
-    assert after.leader == new_leader != before.leader
-    assert after.synchronous_standbys == (before.leader,)
+    new_leader = leader_key(release, "after_switchover")
+    assert after.leader == new_leader != before.leader and new_leader in before.synchronous_standbys
+    assert before.leader in after.synchronous_standbys
+    assert set(after.synchronous_standbys) == {m.name for m in after.members} - {new_leader}
     assert after.timeline == 2 and after.member(new_leader).role == "primary"  # type: ignore[union-attr]
     (switch,) = after.history
     assert switch.timeline == 1 and switch.new_leader == new_leader and switch.lsn > 0
     assert after.pending is None  # the `failover` key is "{}" once done
     assert after.revision > before.revision
+    answered = cluster_status(rest(release, "rest_cluster_after_switchover"))
+    assert answered.leader == new_leader and all(m.timeline == 2 for m in answered.members)
 
 
-@pytest.mark.parametrize("release", [V3, V4])
+@pytest.mark.parametrize("release", [V3, V4, QUORUM])
 def test_a_paused_cluster_says_so_in_its_settings_and_every_member(release: str) -> None:
     cluster = view(release, "paused")
     assert cluster.paused and all(m.paused for m in cluster.members)
@@ -89,28 +100,26 @@ def test_a_paused_cluster_says_so_in_its_settings_and_every_member(release: str)
 
 
 def test_quorum_mode_names_every_quorum_standby_and_the_quorum() -> None:
-    cluster = view(QUORUM, "steady")
-    assert cluster.settings is not None and cluster.settings.synchronous_mode == "quorum"
-    assert cluster.leader == "pgc-01" and cluster.synchronous_standbys == ("pgc-01-s1", "pgc-01-s2")
-    assert cluster.sync is not None and cluster.sync.quorum == 1
-
-
-def test_a_switchover_in_quorum_mode_keeps_every_other_member_in_the_quorum() -> None:
-    cluster = view(QUORUM, "after_switchover")
-    assert cluster.leader == "pgc-01" and cluster.timeline == 2
-    assert cluster.synchronous_standbys == ("pgc-01-s1", "pgc-01-s2") and cluster.sync.quorum == 1  # type: ignore[union-attr]
-    assert cluster.history[-1].new_leader == "pgc-01"
-    assert [m.lag_bytes for m in cluster.members] == [None, 0, 0]
-    rest_view = cluster_status(rest(QUORUM, "rest_cluster_after_switchover"))
-    assert rest_view.leader == "pgc-01" and {m.role for m in rest_view.members} == {"leader", "quorum_standby"}
+    for stage in ("steady", "after_switchover"):
+        cluster = view(QUORUM, stage)
+        assert cluster.settings is not None and cluster.settings.synchronous_mode == "quorum"
+        assert cluster.leader == leader_key(QUORUM, stage)
+        assert set(cluster.synchronous_standbys) == {"pgc-01", "pgc-01-s1", "pgc-01-s2"} - {cluster.leader}
+        assert cluster.sync is not None and cluster.sync.quorum == 1
+        assert sorted(m.lag_bytes is None for m in cluster.members) == [False, False, True]
+    answered = cluster_status(rest(QUORUM, "rest_cluster_after_switchover"))
+    assert sorted(m.role for m in answered.members) == ["leader", "quorum_standby", "quorum_standby"]
 
 
 def test_a_leader_without_etcd_says_it_keeps_its_role_in_failsafe_mode() -> None:
-    """Recorded with etcd stopped under a Patroni 4.0.7 leader that reached both its standbys."""
-    status = member_status(rest(QUORUM, "rest_patroni_failsafe_leader"))
-    assert status.failsafe_active and status.cluster_unlocked and status.role == "primary"
-    assert status.state == "running" and len(status.replication) == 2
-    assert not member_status(rest(QUORUM, "rest_patroni_leader")).failsafe_active
+    """Recorded with etcd stopped under a Patroni 4.0.7 leader that reached its standbys. (Patroni
+    3.0.2 demoted itself instead: "failed to update leader lock", the bug fixed in 4.0.7 by
+    patroni/patroni#3404, so Debian 12's Patroni has no such recording.)"""
+    for release, standbys in ((V4, 1), (QUORUM, 2)):
+        status = member_status(rest(release, "rest_patroni_failsafe_leader"))
+        assert status.failsafe_active and status.role == "primary"
+        assert status.state == "running" and len(status.replication) == standbys
+        assert not member_status(rest(release, "rest_patroni_leader")).failsafe_active
 
 
 def test_every_scope_is_read_from_one_range_answer() -> None:
@@ -121,17 +130,21 @@ def test_every_scope_is_read_from_one_range_answer() -> None:
     kvs.append(KeyValue("/elsewhere/pgc-09/leader", "x", 1, 1, 1, "0"))
     views = cluster_views(sorted(kvs, key=lambda kv: kv.key), 99)
     assert list(views) == ["pgc-00", "pgc-01", "pgc-02"]
-    assert [v.leader for v in views.values()] == ["pgc-01-s1", "pgc-01-s1", "pgc-01"]
+    assert [v.leader for v in views.values()] == [leader_key(V3, "steady"), leader_key(V4, "after_switchover"),
+                                                  leader_key(QUORUM, "steady")]
     assert all(v.revision == 99 for v in views.values())
-    assert views["pgc-02"].synchronous_standbys == ("pgc-01-s1", "pgc-01-s2")
+    assert views["pgc-02"] == view(QUORUM, "steady").__class__(**{**view(QUORUM, "steady").__dict__,
+                                                                  "scope": "pgc-02", "revision": 99})
 
 
 def test_a_sync_key_of_a_former_leader_names_no_synchronous_standby() -> None:
     kvs, revision = recorded(V4, "after_switchover")
-    stale = [kv if not kv.key.endswith("/sync") else KeyValue(kv.key, '{"leader":"pgc-01","quorum":0,'
-                                                              '"sync_standby":"pgc-01-s1"}', 1, 1, 1, "0")
-             for kv in kvs]
+    leader = leader_key(V4, "after_switchover")
+    (former,) = {"pgc-01", "pgc-01-s1"} - {leader}
+    stale = [kv if not kv.key.endswith("/sync") else KeyValue(kv.key, json.dumps(
+        {"leader": former, "quorum": 0, "sync_standby": leader}), 1, 1, 1, "0") for kv in kvs]
     assert cluster_views(stale, revision)["pgc-01"].synchronous_standbys == ()
+    assert cluster_views(kvs, revision)["pgc-01"].synchronous_standbys == (former,)
 
 
 def test_keys_patroni_would_not_parse_are_read_as_absent_not_as_a_failure() -> None:
@@ -158,8 +171,8 @@ def test_patroni_3_and_4_rest_answers_are_read_alike() -> None:
         cluster = cluster_status(rest(release, "rest_cluster"))
         assert cluster.leader == view(release, "steady").leader
         assert sorted(m.role for m in cluster.members) == ["leader", "sync_standby"]
-    assert member_status(rest(V4, "rest_patroni_leader")).name == "pgc-01"  # 4.0 names itself, 3.0 does not
-    assert member_status(rest(V3, "rest_patroni_leader")).name is None
+    assert member_status(rest(V4, "rest_patroni_leader")).name == leader_key(V4, "steady")  # 4.0 names itself
+    assert member_status(rest(V3, "rest_patroni_leader")).name is None  # 3.0 does not
     quorum = cluster_status(rest(QUORUM, "rest_cluster"))
     assert sorted(m.role for m in quorum.members) == ["leader", "quorum_standby", "quorum_standby"]
     assert {r.sync_state for r in member_status(rest(QUORUM, "rest_patroni_leader")).replication} == {"quorum"}
