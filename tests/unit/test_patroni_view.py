@@ -195,3 +195,9 @@ def test_a_delete_under_a_shallow_or_open_prefix_is_refused_before_any_request(p
     client.config = CONFIG
     with pytest.raises(ValueError, match="refusing to delete"):
         client.delete_prefix(prefix)
+
+
+@pytest.mark.parametrize("namespace", ["", "/", "service/", "/service", "//"])
+def test_a_namespace_that_is_not_a_directory_is_refused(namespace: str) -> None:
+    with pytest.raises(ValueError, match="must be a directory"):
+        scope_prefix("pgc-01", namespace)

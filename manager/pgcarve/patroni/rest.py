@@ -246,6 +246,8 @@ class PatroniClient:
         if response.status_code == 503 and "status unknown" in reason.lower():
             raise PatroniUnavailable(f"Patroni on {self.member} does not know whether the {action} happened "
                                      f"({reason}): read the cluster's state before asking again")
+        if response.status_code == 503 and "into DCS" in reason:  # Patroni could not write the request to etcd
+            raise PatroniUnavailable(f"Patroni on {self.member} could not ask for the {action}: {reason}")
         if response.status_code in (400, 412, 503):
             raise PatroniRefused(f"Patroni on {self.member} refused the {action}: {reason or 'no reason given'}"
                                  f" (HTTP {response.status_code})")

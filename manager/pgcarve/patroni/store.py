@@ -7,7 +7,14 @@ so a view is one consistent revision of the store, never a mix of before and aft
 from __future__ import annotations
 
 from pgcarve.dcs.etcd import EtcdClient
-from pgcarve.patroni.view import NAMESPACE, ClusterView, cluster_view, cluster_views, scope_prefix
+from pgcarve.patroni.view import (
+    NAMESPACE,
+    ClusterView,
+    check_namespace,
+    cluster_view,
+    cluster_views,
+    scope_prefix,
+)
 
 
 def read_cluster(client: EtcdClient, scope: str, namespace: str = NAMESPACE) -> ClusterView | None:
@@ -23,8 +30,7 @@ def read_cluster(client: EtcdClient, scope: str, namespace: str = NAMESPACE) -> 
 def read_all(client: EtcdClient, namespace: str = NAMESPACE) -> dict[str, ClusterView]:
     """Every scope under `namespace` (one request for the whole fleet): scope -> view. A scope
     with no keys is absent. DcsUnavailable when no etcd endpoint answers."""
-    scope_prefix("x", namespace)  # the namespace's checks
-    found = client.range_prefix(namespace)
+    found = client.range_prefix(check_namespace(namespace))
     return cluster_views(found.kvs, found.revision, namespace)
 
 

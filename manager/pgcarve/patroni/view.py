@@ -40,15 +40,21 @@ PRIMARY_ROLES = frozenset({"master", "primary"})
 _SCOPE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,62}")
 
 
+def check_namespace(namespace: str) -> str:
+    """Patroni's namespace as a key prefix (`/service/`); ValueError if it is not one."""
+    if len(namespace) < 3 or not namespace.startswith("/") or not namespace.endswith("/"):
+        raise ValueError(f"Patroni's namespace {namespace!r} must be a directory, starting and ending with '/' "
+                         "(default /service/)")
+    return namespace
+
+
 def scope_prefix(scope: str, namespace: str = NAMESPACE) -> str:
     """`/service/<scope>/`; ValueError for a scope that is not one name (it must not reach into,
     or cover, another scope's keys)."""
     if not _SCOPE.fullmatch(scope):
         raise ValueError(f"{scope!r} is not a Patroni scope: 1 to 63 letters, digits, '.', '_' or '-', "
                          "starting with a letter or digit")
-    if not namespace.startswith("/") or not namespace.endswith("/"):
-        raise ValueError(f"Patroni's namespace {namespace!r} must start and end with '/' (default /service/)")
-    return f"{namespace}{scope}/"
+    return f"{check_namespace(namespace)}{scope}/"
 
 
 @dataclass(frozen=True)
