@@ -31,7 +31,7 @@ IN_MANAGER := $(PGCARVE) sandbox exec --
 APT_PACKAGES := qemu-system-x86 qemu-utils libvirt-daemon-system libvirt-clients libvirt-dev \
 	pkg-config gcc dnsmasq-base xsltproc mmdebstrap e2fsprogs genisoimage \
 	postgresql-15 postgresql-client iproute2 openssh-server python3-venv python3-dev ca-certificates chromium prometheus linux-perf \
-	etcd-server etcd-client
+	etcd-server etcd-client patroni
 
 .PHONY: help deps apt venv constraints image vendor tools demo down test test-faults lint unit integration bench clean
 

@@ -53,3 +53,13 @@ class SandboxError(PgcarveError):
 
 class DcsUnavailable(PgcarveError):
     """The DCS (etcd) could not be reached, refused pgcarve's certificate, or answered with an error."""
+
+
+class PatroniRefused(Conflict):
+    """Patroni on a guest refused a command (a switchover, a failover, a change of its settings);
+    the message carries its reason."""
+
+
+class PatroniUnavailable(GuestNotReady):
+    """Patroni's REST API on a guest could not be reached, refused pgcarve's credentials, or answered
+    with something that is not Patroni's."""

@@ -16,7 +16,7 @@ from dataclasses import dataclass, replace
 
 from pgcarve.config import FleetConfig, HostConfig
 from pgcarve.control.locks import InstanceLocks, PlannedStops
-from pgcarve.control.patroni_roles import PatroniLeaders
+from pgcarve.control.patroni_roles import PatroniClusters
 from pgcarve.control.sync_record import SyncRecord, SyncRecords
 from pgcarve.errors import ConfigError, GuestNotReady, HostUnreachable, NotFound
 from pgcarve.guest.credentials import Credentials, InstanceSecrets, InstanceSecretStore, load_credentials
@@ -108,7 +108,7 @@ class Fleet:
         self.planned_stops = PlannedStops()
         self.sync_records = SyncRecords(paths.state_dir / "sync")
         # replication.roles: patroni: the instances' leaders are Patroni's, read from etcd.
-        self.patroni = (PatroniLeaders(config.etcd)
+        self.patroni = (PatroniClusters(config.etcd)
                         if config.replication.roles == "patroni" and config.etcd is not None else None)
         self.secrets = InstanceSecretStore(paths.instance_secrets_dir)
         self.ca = FleetCA(paths.tls_dir)

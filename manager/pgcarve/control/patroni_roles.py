@@ -1,10 +1,10 @@
-"""Who leads each instance, as Patroni's leader keys in etcd say (replication.roles: patroni).
+"""Who leads each instance, as Patroni's keys in etcd say (replication.roles: patroni).
 
-Patroni in each guest holds its instance's leader key (`/service/<instance>/leader`, its value
-the member name, which is the guest's application_name); the manager only reads it. All of the
-fleet's keys come in one etcd request, kept for a second so that one listing of the fleet asks
-once. When etcd does not answer, no instance has a known leader: the manager then shows none
-rather than guess from its own records.
+Patroni in each guest holds its instance's leader key (`/service/<instance>/leader`, its value the
+member name, which is the guest's application_name); the manager only reads it. All of the
+fleet's keys come in one etcd request (patroni/store.py), kept for a second so that one listing
+of the fleet asks once. When etcd does not answer, no instance has a known leader: the manager
+then shows none rather than guess from its own records.
 """
 
 from __future__ import annotations
@@ -16,8 +16,9 @@ import time
 from pgcarve.config import EtcdConfig
 from pgcarve.dcs.etcd import EtcdClient
 from pgcarve.errors import DcsUnavailable
+from pgcarve.patroni.store import purge_cluster, read_all
+from pgcarve.patroni.view import ClusterView
 
-NAMESPACE = "/service/"
 FRESH_S = 1.0
 log = logging.getLogger("pgcarve.patroni")
 
@@ -27,41 +28,45 @@ def guest_of_member(member: str) -> str:
     return member.replace("_", "-")
 
 
-class PatroniLeaders:
+class PatroniClusters:
     def __init__(self, config: EtcdConfig):
         self.config = config
         self._guard = threading.Lock()
-        self._leaders: dict[str, str] = {}
+        self._views: dict[str, ClusterView] = {}
         self._read_at = -1e9
         self.error: str | None = None
 
     def _refresh(self) -> None:
         try:
             with EtcdClient(self.config) as etcd:
-                keys = etcd.get_prefix(NAMESPACE)
+                self._views = read_all(etcd)
         except DcsUnavailable as exc:
             if self.error is None:
-                log.warning("Patroni's leader keys cannot be read (%s): no instance shows a primary until they can",
-                            exc)
+                log.warning("Patroni's keys cannot be read (%s): no instance shows a primary until they can", exc)
             self.error = str(exc)
-            self._leaders = {}
+            self._views = {}
             return
         self.error = None
-        self._leaders = {key[len(NAMESPACE):-len("/leader")]: guest_of_member(value.decode())
-                         for key, value in keys.items() if key.endswith("/leader") and key.count("/") == 3}
 
-    def leader(self, instance: str, fresh: bool = False) -> str | None:
-        """The guest holding `instance`'s leader key; None when none does or etcd does not answer."""
+    def view(self, instance: str, fresh: bool = False) -> ClusterView | None:
+        """`instance`'s Patroni cluster as etcd holds it; None when it has no keys or etcd does not
+        answer (then `error` says why)."""
         with self._guard:
             if fresh or time.monotonic() - self._read_at > FRESH_S:
                 self._refresh()
                 self._read_at = time.monotonic()
-            return self._leaders.get(instance)
+            return self._views.get(instance)
+
+    def leader(self, instance: str, fresh: bool = False) -> str | None:
+        """The guest holding `instance`'s leader key; None when none does or etcd does not answer."""
+        view = self.view(instance, fresh)
+        return guest_of_member(view.leader) if view is not None and view.leader else None
 
     def forget(self, instance: str) -> None:
         """Remove every Patroni key of `instance` (its guests are gone for good)."""
         with EtcdClient(self.config) as etcd:
-            deleted = etcd.delete_prefix(f"{NAMESPACE}{instance}/")
-        log.info("%s: removed its %d Patroni key(s) from etcd", instance, deleted)
+            deleted = purge_cluster(etcd, instance)
+        if deleted:
+            log.info("%s: removed its %d Patroni key(s) from etcd", instance, deleted)
         with self._guard:
-            self._leaders.pop(instance, None)
+            self._views.pop(instance, None)

@@ -29,7 +29,7 @@ from pgcarve.config import HostConfig
 from pgcarve.control.access import refresh_replication_access
 from pgcarve.control.capacity import require_free_space
 from pgcarve.control.fleet import Fleet, Guest, Instance, Progress, no_progress
-from pgcarve.control.removal import discard_instance, remove_guest
+from pgcarve.control.removal import after_failed_create, remove_guest
 from pgcarve.control.sync import initial_record, names_for
 from pgcarve.control.sync_record import SyncRecord
 from pgcarve.errors import CapacityError, GuestNotReady, PgcarveError
@@ -230,7 +230,7 @@ class Provisioner:
             try:
                 instance = self._create_instance(index, progress, replaying)
             except BaseException as exc:
-                self._after_failed_create(index, exc, replaying)
+                after_failed_create(self.fleet, index, exc, replaying)
                 raise
             for guest in instance.standbys:
                 self.fleet.hosts[guest.info.host].mark_complete(guest.name)
@@ -295,36 +295,6 @@ class Provisioner:
             log.warning("%s: standbys not yet told each other's addresses (%s); a later refresh will", name, exc)
         progress(name, "ready", 1.0)
         return self.fleet.instance_on(index, built)
-
-    def _after_failed_create(self, index: int, exc: BaseException, replaying: set[str]) -> None:
-        """Remove a failed new instance, unless it could have acknowledged a commit: with
-        synchronous replication, once a standby streamed from it (one that finished here, or one
-        streaming now); without, from its first answer. Then the instance stays; only its standbys
-        that never got going are removed (the HA loop builds them again). When its primary cannot
-        be asked, assume it could have: keep the data."""
-        name = instance_name(self.fleet.config.fleet, index)
-        instance = self.fleet.instance_at(index)
-        primary = instance.primary if instance else None
-        if instance is None or primary is None or primary.info.creating:
-            discard_instance(self.fleet, index)
-            return
-        config = self.fleet.config.replication
-        try:
-            with self.fleet.connect(primary, timeout_s=5) as conn:
-                streaming = replication.streaming_standbys(conn)
-            going = replaying | {g.name for g in instance.standbys if application_name(g.name) in streaming}
-        except (psycopg.Error, PgcarveError):
-            going = {g.name for g in instance.standbys}
-        if not going and config.standbys and config.synchronous_commit not in ("off", "local"):
-            discard_instance(self.fleet, index)
-            return
-        for guest in instance.standbys:
-            if guest.name in going:
-                self.fleet.hosts[guest.info.host].mark_complete(guest.name)
-            else:
-                remove_guest(self.fleet, guest.info)
-        log.error("creating %s failed (%s), but it could already acknowledge commits: it is kept (primary %s); "
-                  "the HA loop builds its missing standbys", name, exc, primary.name)
 
     def create_standby(self, primary: Guest, host: HostConfig, name: str, number: int,
                        progress: Progress = no_progress, from_image: bool = False) -> Guest:

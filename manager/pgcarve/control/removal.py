@@ -5,10 +5,13 @@ from __future__ import annotations
 import contextlib
 import logging
 
+import psycopg
+
 from pgcarve.control.fleet import Fleet, Instance
 from pgcarve.control.retired import retired_instances
 from pgcarve.errors import PgcarveError
-from pgcarve.naming import disk_volume, instance_name, seed_volume, standby_name, volume_owner
+from pgcarve.naming import application_name, disk_volume, instance_name, seed_volume, standby_name, volume_owner
+from pgcarve.postgres import replication
 from pgcarve.virt.domain_xml import mac_for
 from pgcarve.virt.host import GuestInfo
 
@@ -42,7 +45,21 @@ def remove_instance(fleet: Fleet, instance: Instance) -> None:
     for guest in (*instance.standbys, *instance.stale, *((instance.primary,) if instance.primary else ())):
         remove_guest(fleet, guest.info)
     fleet.sync_records.remove(instance.name)
+    forget_patroni_keys(fleet, instance.name)
     fleet.secrets.remove(instance.name)
+
+
+def forget_patroni_keys(fleet: Fleet, instance: str) -> None:
+    """An instance whose guests are gone leaves no keys in etcd (a later one of the same name
+    bootstraps afresh). etcd not answering does not keep the guests: the next creation of that
+    name removes what is left first (control/provisioning.py)."""
+    if fleet.patroni is None:
+        return
+    try:
+        fleet.patroni.forget(instance)
+    except PgcarveError as exc:
+        log.warning("%s: its Patroni keys stay in etcd for now (%s); they are removed before a new %s is made",
+                    instance, exc, instance)
 
 
 def instance_disk_mib(fleet: Fleet, instance: Instance) -> int:
@@ -70,6 +87,7 @@ def discard_instance(fleet: Fleet, index: int) -> None:
             release_address(fleet, host.name, name)
             fleet.forwards.remove(name)
     fleet.sync_records.remove(instance_name(fleet_name, index))
+    forget_patroni_keys(fleet, instance_name(fleet_name, index))
     fleet.secrets.remove(instance_name(fleet_name, index))
 
 
@@ -147,3 +165,34 @@ def leftovers(fleet: Fleet) -> list[str]:
         with contextlib.suppress(PgcarveError):
             left += [f"volume {v} on {name}" for v in sorted(host.storage.volume_names()) if v.startswith(prefix)]
     return left
+
+
+def after_failed_create(fleet: Fleet, index: int, exc: BaseException, replaying: set[str]) -> None:
+    """Remove a failed new instance, unless it could have acknowledged a commit: with
+    synchronous replication, once a standby streamed from it (one that finished here, or one
+    streaming now); without, from its first answer. Then the instance stays; only its standbys
+    that never got going are removed (the HA loop builds them again). When its primary cannot
+    be asked, assume it could have: keep the data."""
+    name = instance_name(fleet.config.fleet, index)
+    instance = fleet.instance_at(index)
+    primary = instance.primary if instance else None
+    if instance is None or primary is None or primary.info.creating:
+        discard_instance(fleet, index)
+        return
+    config = fleet.config.replication
+    try:
+        with fleet.connect(primary, timeout_s=5) as conn:
+            streaming = replication.streaming_standbys(conn)
+        going = replaying | {g.name for g in instance.standbys if application_name(g.name) in streaming}
+    except (psycopg.Error, PgcarveError):
+        going = {g.name for g in instance.standbys}
+    if not going and config.standbys and config.synchronous_commit not in ("off", "local"):
+        discard_instance(fleet, index)
+        return
+    for guest in instance.standbys:
+        if guest.name in going:
+            fleet.hosts[guest.info.host].mark_complete(guest.name)
+        else:
+            remove_guest(fleet, guest.info)
+    log.error("creating %s failed (%s), but it could already acknowledge commits: it is kept (primary %s); "
+              "the HA loop builds its missing standbys", name, exc, primary.name)

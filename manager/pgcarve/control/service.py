@@ -16,6 +16,7 @@ from dataclasses import asdict, replace
 from typing import Any
 
 from pgcarve.config import FleetConfig
+from pgcarve.control import patroni_roles_by_hand as patroni_hand
 from pgcarve.control.capacity import check_capacity
 from pgcarve.control.collector import Collector, Target
 from pgcarve.control.endpoints import instance_endpoints
@@ -378,6 +379,10 @@ class ManagerService:
     def request_switchover(self, name: str, to: str | None) -> Operation:
         """Queue a planned switchover to `to` (default: the synchronous standby)."""
         inst = self._instance(name)
+        if self.fleet.patroni is not None:  # Patroni picks a synchronous standby when none is named
+            if to is not None and to not in {g.name for g in inst.standbys}:
+                raise NotFound(f"{name} has no standby {to!r} (standbys: {', '.join(g.name for g in inst.standbys)})")
+            return self.operations.submit("switchover", inst.index, {"instance": name, "to": to})
         target = Switchover(self.fleet, self.scaler.provisioner).target_of(inst, to)
         return self.operations.submit("switchover", inst.index, {"instance": name, "to": target.name})
 
@@ -411,15 +416,21 @@ class ManagerService:
         what was done, in words."""
         name, to = str(op.params["instance"]), op.params.get("to")
         provisioner = self.scaler.provisioner
+        result: dict[str, object]
         with self.fleet.locks.exclusive(op.target, f"{op.kind} by hand"):
             inst = self.fleet.instance(name)
             if to is not None and inst.primary is not None and inst.primary.name == to:
                 self.operations.update(op, result={"new_primary": to})
                 return f"{to} is already the primary of {name}"
-            if op.kind == "switchover":
+            if self.fleet.patroni is not None:
+                change = (patroni_hand.switchover(self.fleet, inst, str(to) if to else None, progress)
+                          if op.kind == "switchover" else
+                          patroni_hand.failover(self.fleet, inst, str(to) if to else None,
+                                                bool(op.params.get("force")), progress))
+                result, message = change.result, change.message
+            elif op.kind == "switchover":
                 done = Switchover(self.fleet, provisioner).run(inst, str(to) if to else None, progress)
-                result: dict[str, object] = {"new_primary": done.new_primary, "host": done.host,
-                                             "write_pause_s": done.write_pause_s}
+                result = {"new_primary": done.new_primary, "host": done.host, "write_pause_s": done.write_pause_s}
                 message = done.message
             else:
                 outcome = Failover(self.fleet, provisioner).run(inst, str(to) if to else None,

@@ -7,8 +7,10 @@ nothing is ever sent in the clear. httpx errors are translated here, once, into
 `DcsUnavailable` (the member did not answer, refused us, or answered with an error) and
 `ConfigError` (our own certificate files are missing or unreadable).
 
-Results are immutable snapshots (`EtcdMember`, `EndpointStatus`, `Probe`); what they mean for the
-cluster (a leader, a quorum) is decided in dcs/health.py.
+Results are immutable snapshots (`EtcdMember`, `EndpointStatus`, `Probe`, `KeyRange`); what they
+mean for the cluster (a leader, a quorum) is decided in dcs/health.py, and what Patroni's keys mean
+in patroni/view.py. Keys and values travel base64-encoded in the gateway's JSON; they are decoded
+here, so callers see text.
 """
 
 from __future__ import annotations
@@ -71,6 +73,56 @@ class Probe:
     at: float  # Unix time
 
 
+@dataclass(frozen=True)
+class KeyValue:
+    """One key as a range read returned it. `lease` is "0" when the key has none (Patroni's
+    leader and member keys have one: they vanish when their owner stops renewing it)."""
+
+    key: str
+    value: str
+    create_revision: int
+    mod_revision: int
+    version: int  # how many times the key was written since it was created
+    lease: str
+
+
+@dataclass(frozen=True)
+class KeyRange:
+    """Every key under a prefix, read at one revision of the store (one consistent snapshot)."""
+
+    prefix: str
+    revision: int
+    kvs: tuple[KeyValue, ...]
+
+
+# One range answer's size is bounded by the members' gRPC limits, not by us; a prefix read of
+# everything Patroni writes for 1024 instances is a few MB.
+def prefix_range_end(prefix: bytes) -> bytes:
+    """The first key after every key that starts with `prefix` (etcd's range_end for a prefix):
+    the prefix with its last byte below 0xff incremented, and what follows it dropped."""
+    end = bytearray(prefix)
+    while end:
+        if end[-1] < 0xFF:
+            end[-1] += 1
+            return bytes(end)
+        end.pop()
+    return b"\0"  # every key: what an empty or all-0xff prefix means
+
+
+def _b64(data: bytes) -> str:
+    return base64.b64encode(data).decode("ascii")
+
+
+def _text(raw: Any) -> str:
+    return base64.b64decode(str(raw or "")).decode("utf-8", errors="replace")
+
+
+def _key_value(raw: Mapping[str, Any]) -> KeyValue:
+    return KeyValue(key=_text(raw.get("key")), value=_text(raw.get("value")),
+                    create_revision=_as_int(raw.get("create_revision")), mod_revision=_as_int(raw.get("mod_revision")),
+                    version=_as_int(raw.get("version")), lease=str(raw.get("lease", "0")))
+
+
 def _as_int(value: Any) -> int:
     try:
         return int(value)
@@ -82,21 +134,6 @@ def _member(raw: Mapping[str, Any]) -> EtcdMember:
     return EtcdMember(id=str(raw.get("ID", "0")), name=str(raw.get("name", "")),
                       peer_urls=tuple(str(u) for u in raw.get("peerURLs", ()) or ()),
                       client_urls=tuple(str(u) for u in raw.get("clientURLs", ()) or ()))
-
-
-def _b64(raw: bytes) -> str:
-    return base64.b64encode(raw).decode()
-
-
-def _prefix_end(prefix: bytes) -> bytes:
-    """The first key after every key starting with `prefix` (etcd's range_end for a prefix)."""
-    end = bytearray(prefix)
-    while end and end[-1] == 0xFF:
-        end.pop()
-    if not end:
-        return b"\0"  # every key
-    end[-1] += 1
-    return bytes(end)
 
 
 class EtcdClient:
@@ -207,18 +244,27 @@ class EtcdClient:
                 last = exc
         raise last or DcsUnavailable("no etcd endpoint to ask")
 
-    def get_prefix(self, prefix: str) -> dict[str, bytes]:
-        """Every key under `prefix` with its value, in one linearizable read (one request, whatever
-        the number of keys: the manager reads all of Patroni's instances at once)."""
-        doc = self._first_answer("/v3/kv/range", {"key": _b64(prefix.encode()),
-                                                  "range_end": _b64(_prefix_end(prefix.encode()))})
-        return {base64.b64decode(kv["key"]).decode(): base64.b64decode(kv.get("value", ""))
-                for kv in doc.get("kvs", ()) or ()}
+    def range_prefix(self, prefix: str) -> KeyRange:
+        """Every key under `prefix` in one request, sorted by key, linearizable (what a quorum
+        agreed on, not one member's possibly stale copy), from the first endpoint that answers."""
+        if not prefix:
+            raise ValueError("a prefix read needs a prefix (an empty one would read the whole store)")
+        raw = prefix.encode()
+        doc = self._first_answer("/v3/kv/range", {"key": _b64(raw), "range_end": _b64(prefix_range_end(raw)),
+                                                  "sort_order": "ASCEND", "sort_target": "KEY"})
+        kvs = tuple(_key_value(kv) for kv in doc.get("kvs", ()) or ())
+        if doc.get("more"):  # only with a limit, which we never set; a partial answer is never taken for all
+            raise DcsUnavailable(f"etcd answered a partial read of {prefix}: {len(kvs)} keys and more")
+        return KeyRange(prefix, _as_int(doc.get("header", {}).get("revision")), kvs)
 
     def delete_prefix(self, prefix: str) -> int:
-        """Delete every key under `prefix`; how many there were."""
-        doc = self._first_answer("/v3/kv/deleterange", {"key": _b64(prefix.encode()),
-                                                        "range_end": _b64(_prefix_end(prefix.encode()))})
+        """Delete every key under `prefix` in one request; how many there were (0 when none:
+        deleting again is harmless). Refuses prefixes that are not a directory ("/a/b/")."""
+        if not prefix.startswith("/") or not prefix.endswith("/") or prefix.count("/") < 3:
+            raise ValueError(f"refusing to delete under {prefix!r}: a prefix to delete must be a directory "
+                             "two levels deep or more, like /service/pgc-01/")
+        raw = prefix.encode()
+        doc = self._first_answer("/v3/kv/deleterange", {"key": _b64(raw), "range_end": _b64(prefix_range_end(raw))})
         return _as_int(doc.get("deleted"))
 
     def probe(self) -> Probe:
