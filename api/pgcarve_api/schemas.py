@@ -49,6 +49,8 @@ class EndpointsOut(BaseModel):
 
 class InstanceOut(BaseModel):
     name: str
+    primary: str | None = Field(None, description="the guest that is primary now (under Patroni: the holder of "
+                                "the instance's leader key in etcd); null while none is")
     host: str | None
     state: str
     vcpus: list[int] = Field(description="host CPU ids the instance's vCPUs are pinned to")

@@ -36,18 +36,18 @@ IT_STATE = Path(os.environ.get("PGCARVE_IT_STATE", "/var/tmp/pgcarve-it"))
 TOKEN = "integration-test-token-" + "x" * 16
 
 
-def start_server(port: int, hosts_file: Path | None = None,
-                 extra_env: dict[str, str] | None = None) -> subprocess.Popen[bytes]:
-    """`pgcarve serve` as a subprocess of its own session, logging to server.log; returns once
-    /healthz answers."""
-    env_vars = dict(os.environ, PGCARVE_STATE_DIR=str(IT_STATE), PGCARVE_IMAGE_DIR=str(image_dir()),
+def start_server(port: int, hosts_file: Path | None = None, extra_env: dict[str, str] | None = None,
+                 state_dir: Path = IT_STATE) -> subprocess.Popen[bytes]:
+    """`pgcarve serve` as a subprocess of its own session, logging to server.log in `state_dir`;
+    returns once /healthz answers."""
+    env_vars = dict(os.environ, PGCARVE_STATE_DIR=str(state_dir), PGCARVE_IMAGE_DIR=str(image_dir()),
                     PGCARVE_TOKEN=TOKEN)
     # Under TCG on a loaded 2-core machine a guest can take minutes to boot.
     env_vars.setdefault("PGCARVE_BOOT_TIMEOUT", "1200")
     if hosts_file is not None:
         env_vars["PGCARVE_HOSTS_FILE"] = str(hosts_file)
     env_vars.update(extra_env or {})
-    with (IT_STATE / "server.log").open("ab") as log:
+    with (state_dir / "server.log").open("ab") as log:
         server = subprocess.Popen([sys.executable, "-m", "pgcarve.cli", "serve", "--port", str(port)],
                                   env=env_vars, stdout=log, stderr=log, start_new_session=True)
     deadline = time.monotonic() + 60
@@ -58,7 +58,7 @@ def start_server(port: int, hosts_file: Path | None = None,
         except httpx.HTTPError:
             pass
         if server.poll() is not None:
-            raise AssertionError(f"API server exited: see {IT_STATE / 'server.log'}")
+            raise AssertionError(f"API server exited: see {state_dir / 'server.log'}")
         if time.monotonic() > deadline:
             stop_pid(server.pid, timeout_s=20)
             raise AssertionError("API server did not start in 60 s")
@@ -92,7 +92,7 @@ class CarveEnv:
                 self.server.wait(timeout=30)
             else:
                 stop_pid(self.server.pid, timeout_s=30)
-        self.server = start_server(self.port, hosts_file or self.hosts_file, extra_env)
+        self.server = start_server(self.port, hosts_file or self.hosts_file, extra_env, self.paths.state_dir)
 
     def teardown(self) -> list[str]:
         """Stop the server, remove every guest, stop the sandbox; what is left (should be [])."""

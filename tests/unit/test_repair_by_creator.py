@@ -92,7 +92,7 @@ class FakeProvisioner(Provisioner):
         self.broken: set[str] = set()
         self.built: list[str] = []
 
-    def wait_sql(self, host: HostConfig, name: str, progress: Progress, standby: bool = False) -> Guest:
+    def wait_sql(self, host: HostConfig, name: str, progress: Progress, standby: bool | None = False) -> Guest:
         lv = self.fleet.hosts[host.name]
         if name in self.broken:
             lv.stop(name)

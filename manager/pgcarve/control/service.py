@@ -260,6 +260,7 @@ class ManagerService:
         building = self.fleet.locks.busy(inst.index) in ("creating", "reviving")
         return {
             "name": inst.name,
+            "primary": primary.name if primary else None,
             "host": primary.info.host if primary else None,
             "writes": self._writes(inst, rows),
             "incident": incidents[-1].what + ": " + (incidents[-1].message or incidents[-1].status)

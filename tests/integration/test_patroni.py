@@ -1,0 +1,143 @@
+"""Patroni decides roles (replication.roles: patroni), on a 3-host sandbox of its own with etcd:
+one instance, a writer recording every acknowledged commit through the instance's rw endpoint.
+
+In sequence, on the one fleet:
+1. the manager stopped, then the primary's guest killed: Patroni in the standbys elects the
+   synchronous one and writes go on through the unchanged rw string, with no manager at all;
+2. the manager started again: it shows the new primary from etcd (not from its own files) and
+   repairs the machine only: the killed guest is started again and Patroni makes it a streaming
+   replica (rewound);
+3. a switchover through the API, which asks Patroni: the pause is reported;
+4. every acknowledged commit is on the final primary; removing the instance removes its keys.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import yaml
+from pgcarve.config import FleetConfig
+from pgcarve.control.fleet import Fleet
+from pgcarve.control.removal import remove_instance
+from pgcarve.dcs.etcd import EtcdClient
+from pgcarve.patroni.store import read_cluster
+from pgcarve.patroni.view import ClusterView
+from pgcarve.processes import stop_pid
+from pgcarve.sandbox.faults import SandboxFaults
+
+from tests.integration.conftest import (
+    CarveEnv,
+    clean_sandbox,
+    free_port,
+    series_config,
+    start_server,
+    wait_for,
+    wait_operation,
+)
+from tests.support.faults import INSTANCE, api_get, check_nothing_lost, writer_for
+
+pytestmark = pytest.mark.integration
+
+STATE_DIR = Path(os.environ.get("PGCARVE_IT_PATRONI_STATE", "/var/tmp/pgcarve-it-patroni"))
+
+
+@pytest.fixture(scope="module")
+def env() -> Iterator[CarveEnv]:
+    paths, sandbox = clean_sandbox(STATE_DIR)
+    raw = series_config(sandbox.up(3)).model_dump(mode="json")
+    raw["replication"]["roles"] = "patroni"
+    config = FleetConfig.model_validate(raw)
+    hosts_file = STATE_DIR / "hosts-patroni.yaml"
+    hosts_file.write_text(yaml.safe_dump(config.model_dump(mode="json")))
+    port = free_port()
+    try:
+        server = start_server(port, hosts_file, state_dir=STATE_DIR)
+    except BaseException:
+        sandbox.down()
+        raise
+    carve = CarveEnv(paths=paths, config=config, sandbox=sandbox, url=f"http://127.0.0.1:{port}", server=server,
+                     hosts_file=hosts_file)
+    try:
+        yield carve
+    finally:
+        left = carve.teardown()
+        assert left == [], f"the Patroni sandbox's teardown left: {left}"
+        namespaces = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True, check=True).stdout
+        assert sandbox.tag not in namespaces, f"a namespace of sandbox {sandbox.tag} survived: {namespaces}"
+
+
+def cluster(env: CarveEnv) -> ClusterView:
+    assert env.config.etcd is not None
+    with EtcdClient(env.config.etcd) as etcd:
+        view = read_cluster(etcd, INSTANCE)
+    assert view is not None, f"{INSTANCE} has no Patroni keys in etcd"
+    return view
+
+
+def whole(env: CarveEnv) -> ClusterView | None:
+    """The cluster once it has a leader and two streaming replicas, one of them synchronous."""
+    view = cluster(env)
+    replicas = [m for m in view.members if m.name != view.leader and m.state == "streaming"]
+    return view if view.leader and len(replicas) == 2 and view.synchronous_standbys else None
+
+
+def test_patroni_fails_over_without_the_manager_and_the_manager_follows(env: CarveEnv) -> None:
+    with env.client() as client:
+        op = client.put("/v1/scale", json={"instances": 1}).json()
+    done = wait_operation(env, op["id"])
+    assert done["status"] == "succeeded", done
+    view = wait_for(lambda: whole(env), f"{INSTANCE}: a leader and two streaming replicas in etcd", 300)
+    assert view.leader == "pgc_01" and view.settings is not None and view.settings.synchronous_mode_strict
+    assert view.settings.failsafe_mode, "failsafe_mode is off"
+
+    fleet = Fleet(env.config, env.paths)
+    writer = writer_for(env, fleet)
+    try:
+        with writer:
+            writer.wait_for_acks(20, 120, "commits before the fault")
+
+            # 1. No manager, and the primary's guest gone: Patroni alone moves the leader.
+            stop_pid(env.server.pid, timeout_s=30)
+            killed_at = time.monotonic()
+            SandboxFaults(env.sandbox).kill_guest("h0", INSTANCE)
+            writer.wait_for_acks(20, 180, "commits on a new leader elected with the manager stopped")
+            writable_s = time.monotonic() - killed_at
+            after = cluster(env)
+            assert after.leader not in (None, "pgc_01"), after.leader
+            print(f"primary's guest killed, manager stopped: writes acknowledged again after {writable_s:.1f} s "
+                  f"on {after.leader}")
+
+            # 2. The manager again: it shows Patroni's leader and starts the killed guest again.
+            env.restart_server()
+            doc = wait_for(lambda: (d := api_get(env, f"/v1/instances/{INSTANCE}"))["primary"] not in (None, INSTANCE)
+                           and d, "the API to show the new primary", 60)
+            assert doc["primary"] == after.leader.replace("_", "-")
+            rejoined = wait_for(lambda: (v := whole(env)) and v.member("pgc_01") and v, "pgc-01 rejoined", 600)
+            assert rejoined.member("pgc_01").role == "replica" and rejoined.leader == after.leader
+            print(f"pgc-01 started again by the manager and rejoined as a replica after "
+                  f"{time.monotonic() - killed_at:.1f} s")
+
+            # 3. A switchover through the API, done by Patroni.
+            with env.client() as client:
+                op = client.post(f"/v1/instances/{INSTANCE}/switchover", json={}).json()
+            done = wait_operation(env, op["id"], 300)
+            assert done["status"] == "succeeded", done
+            result = done["result"]
+            assert isinstance(result, dict) and result["new_primary"] != doc["primary"]
+            print(f"switchover to {result['new_primary']}: writes paused at most {result['write_pause_s']} s")
+            writer.wait_for_acks(20, 120, "commits after the switchover")
+    finally:
+        writer.stop()
+    check_nothing_lost(fleet, writer)
+
+    # 4. Removing the instance leaves nothing of it in etcd.
+    remove_instance(fleet, fleet.instance(INSTANCE))
+    fleet.close()
+    assert env.config.etcd is not None
+    with EtcdClient(env.config.etcd) as etcd:
+        assert read_cluster(etcd, INSTANCE) is None, "the removed instance's Patroni keys are still in etcd"
