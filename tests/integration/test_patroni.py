@@ -82,14 +82,14 @@ def cluster(env: CarveEnv) -> ClusterView:
 def whole(env: CarveEnv) -> ClusterView | None:
     """The cluster once it has a leader and two streaming replicas, one of them synchronous."""
     view = cluster(env)
-    replicas = [m for m in view.members if m.name != view.leader and m.state == "streaming"]
+    replicas = [m for m in view.members if m.name != view.leader and m.replication_state == "streaming"]
     return view if view.leader and len(replicas) == 2 and view.synchronous_standbys else None
 
 
 def test_patroni_fails_over_without_the_manager_and_the_manager_follows(env: CarveEnv) -> None:
     with env.client() as client:
-        op = client.put("/v1/scale", json={"instances": 1}).json()
-    done = wait_operation(env, op["id"])
+        op = client.put("/v1/scale", json={"instances": 1}).json()["operation"]
+    done = wait_operation(env, op)
     assert done["status"] == "succeeded", done
     view = wait_for(lambda: whole(env), f"{INSTANCE}: a leader and two streaming replicas in etcd", 300)
     assert view.leader == "pgc_01" and view.settings is not None and view.settings.synchronous_mode_strict
@@ -124,8 +124,8 @@ def test_patroni_fails_over_without_the_manager_and_the_manager_follows(env: Car
 
             # 3. A switchover through the API, done by Patroni.
             with env.client() as client:
-                op = client.post(f"/v1/instances/{INSTANCE}/switchover", json={}).json()
-            done = wait_operation(env, op["id"], 300)
+                op = client.post(f"/v1/instances/{INSTANCE}/switchover", json={}).json()["operation"]
+            done = wait_operation(env, op, 300)
             assert done["status"] == "succeeded", done
             result = done["result"]
             assert isinstance(result, dict) and result["new_primary"] != doc["primary"]
