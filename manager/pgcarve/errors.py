@@ -53,3 +53,7 @@ class SandboxError(PgcarveError):
 
 class DcsUnavailable(PgcarveError):
     """The DCS (etcd) could not be reached, refused pgcarve's certificate, or answered with an error."""
+
+
+class NotLeader(PgcarveError):
+    """This manager does not hold the fleet's leadership lease (or no longer does): it may not act."""
