@@ -11,6 +11,7 @@ from urllib.parse import quote
 
 import httpx
 
+from pgcarve.control.manager_lock import running_servers
 from pgcarve.errors import PgcarveError
 from pgcarve.processes import ProcessStatus, check, read_record
 from pgcarve.settings import Paths, Settings
@@ -20,7 +21,10 @@ def read_server(paths: Paths) -> dict[str, Any] | None:
     """{pid, url, ca_file, ...} of the running API server from server.json, or None when none
     runs (no file, or its PID has exited, was reused or is from before a reboot)."""
     record, data = read_record(paths.server_file)
-    return data if record is not None and check(record) is ProcessStatus.RUNNING else None
+    if record is not None and check(record) is ProcessStatus.RUNNING:
+        return data
+    others = running_servers(paths.servers_dir)  # another server of this state directory still runs
+    return others[-1][1] if others else None
 
 
 def server_verify(server: dict[str, Any] | None) -> ssl.SSLContext | bool:
