@@ -62,7 +62,7 @@ def serve(settings: Settings) -> int:
     url = f"{'https' if tls else 'http'}://{listener.local_url_host()}:{listener.port}"
     uvicorn_config = uvicorn.Config(app, log_level="info", access_log=False,
                             ssl_certfile=tls.cert_file if tls else None, ssl_keyfile=tls.key_file if tls else None)
-    app.state.url = url  # the leader key names it (lifespan starts the campaign inside run())
+    app.state.url = settings.advertise_url or url  # the leader key names it (the campaign starts in run())
     me = record_self()
     names = app.state.server_names.all()
     fields = {"url": url, "ca_file": str(tls.ca_file) if tls and tls.ca_file else None, "names": names,
