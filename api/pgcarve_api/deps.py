@@ -62,8 +62,12 @@ def require_leader(request: Request) -> None:
     mutation with 503, naming the leader's URL (also in the X-Pgcarve-Leader header)."""
     service: ManagerService = request.app.state.service
     leadership = service.leadership
-    if leadership is None or leadership.holds_lease():
+    if leadership is None or leadership.leads():
         return
+    if leadership.holds_lease():
+        raise HTTPException(status_code=status.HTTP_503_SERVICE_UNAVAILABLE,
+                            detail="this manager has just become the leader and is taking over (finishing what the "
+                                   "previous leader left, resuming its operations); try again in a few seconds")
     leader = leadership.read_leader()
     if leader is not None and leadership.is_me(leader):
         leader = None

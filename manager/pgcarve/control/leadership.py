@@ -10,9 +10,14 @@ which grows on every takeover. The key holds who leads (pid, host, URL, epoch).
 The others (standbys) read the key every POLL_INTERVAL_S and campaign as soon as it is gone: etcd
 deletes it when the leader's lease lapses (its process or its machine lost) or when a leader that
 stops cleanly deletes it. Worst case from the leader's last renewal to a new leader:
-LEASE_TTL_S + etcd's expiry sweep (0.5 s) + POLL_INTERVAL_S + one request = about 10 s
-(TAKEOVER_BOUND_S). An etcd leader election in between adds its own time: etcd gives every lease a
-full TTL again when its own leader changes.
+LEASE_TTL_S + etcd's expiry sweep (0.5 s) + POLL_INTERVAL_S + one request = 13 s
+(TAKEOVER_BOUND_S). On the leader's own machine a key naming a process that no longer runs
+(killed, crashed; checked by its process record) is deleted at once, so a restarted manager does
+not wait for the lease. etcd gives every lease a full TTL again when its own leader changes, so an
+etcd election does not depose the manager, and the TTL is longer than one.
+
+A new leader first takes over (control/terms.py: what the previous one left half-way, the journal)
+and only then `leads()`: until then mutations are refused and no operation runs.
 
 Fencing: `check()` is called before every step that changes something (each libvirt define,
 start, stop, undefine and volume change, each admin session on a guest, each journal write, each
@@ -41,16 +46,18 @@ from typing import Any, Literal
 from pgcarve.config import EtcdConfig
 from pgcarve.dcs.etcd import Compare, EtcdClient, EtcdKv, KeyValue
 from pgcarve.errors import DcsUnavailable, NotLeader
+from pgcarve.processes import ProcessRecord, ProcessStatus, boot_id, check, record_self
 
 log = logging.getLogger("pgcarve.control.leadership")
 
-LEASE_TTL_S = 8
+LEASE_TTL_S = 10  # longer than an etcd leader election (the sandbox's: 5 s), so one does not depose us
 RENEW_INTERVAL_S = 2.0
+RETRY_INTERVAL_S = 0.5  # after a failed renewal: the next etcd leader is found quickly
 POLL_INTERVAL_S = 1.0
 MARGIN_S = 1.0  # the lease is trusted for TTL - MARGIN_S after a renewal was sent
 ETCD_EXPIRY_SWEEP_S = 0.5  # etcd's leader looks for lapsed leases twice a second
 REQUEST_TIMEOUT_S = 1.5  # each request of the campaign loop: a slow etcd must not eat the lease
-TAKEOVER_BOUND_S = LEASE_TTL_S + ETCD_EXPIRY_SWEEP_S + POLL_INTERVAL_S + REQUEST_TIMEOUT_S
+TAKEOVER_BOUND_S = LEASE_TTL_S + ETCD_EXPIRY_SWEEP_S + POLL_INTERVAL_S + REQUEST_TIMEOUT_S  # 13 s
 
 RoleName = Literal["leader", "standby"]
 
@@ -70,6 +77,8 @@ class LeaderInfo:
     id: str  # one per manager process's campaign (pid and host alone may repeat in containers)
     pid: int
     host: str
+    start_time: int  # with boot_id: the process record (pgcarve.processes), so a dead leader is known
+    boot_id: str
     url: str | None
     epoch: int
     since: float  # Unix time it took over
@@ -81,8 +90,9 @@ class LeaderInfo:
     def parse(cls, text: str) -> LeaderInfo | None:
         try:
             doc = json.loads(text)
-            return cls(id=str(doc["id"]), pid=int(doc["pid"]), host=str(doc["host"]), url=doc.get("url"),
-                       epoch=int(doc["epoch"]), since=float(doc["since"]))
+            return cls(id=str(doc["id"]), pid=int(doc["pid"]), host=str(doc["host"]),
+                       start_time=int(doc.get("start_time", 0)), boot_id=str(doc.get("boot_id", "")),
+                       url=doc.get("url"), epoch=int(doc["epoch"]), since=float(doc["since"]))
         except (ValueError, KeyError, TypeError):
             return None
 
@@ -125,6 +135,7 @@ class Leadership:
         self._kv = EtcdKv(self._client)
         self._guard = threading.Lock()
         self._epoch: int | None = None
+        self._ready_epoch: int | None = None  # the epoch whose takeover is done (control/terms.py)
         self._lease: str | None = None
         self._create_revision = 0
         self._valid_until = float("-inf")
@@ -135,6 +146,17 @@ class Leadership:
         self._thread = threading.Thread(target=self._loop, name="pgcarve-leadership", daemon=True)
 
     # -- lifecycle -----------------------------------------------------------------------------
+
+    def campaign_once(self) -> int | None:
+        """One attempt, on the caller's thread (a server's start: a fleet's only manager leads
+        before it serves); the epoch won, or None."""
+        try:
+            self._campaign()
+        except DcsUnavailable as exc:
+            self._error = str(exc)
+            log.warning("etcd: %s", exc)
+        with self._guard:
+            return self._epoch
 
     def start(self) -> None:
         log.info("campaigning for %s in etcd (lease %d s, renewed every %g s; a standby takes over within "
@@ -160,12 +182,23 @@ class Leadership:
     # -- the fence -----------------------------------------------------------------------------
 
     def holds(self) -> bool:
-        """Whether this manager may act now (the lease held, within its deadline, at the epoch
-        the work on this thread began with)."""
-        with self._guard:
-            epoch, valid_until = self._epoch, self._valid_until
+        """Whether this manager may run operations and write the journal now: it leads (the lease
+        held, within its deadline, the takeover done) at the epoch the work on this thread began with."""
         bound = getattr(self._bound, "epoch", None)
-        return epoch is not None and self.clock() < valid_until and (bound is None or bound == epoch)
+        with self._guard:
+            epoch = self._epoch
+        return self.leads() and (bound is None or bound == epoch)
+
+    def leads(self) -> bool:
+        """The lease held and the takeover done: what the API's mutation gate and /healthz ask."""
+        with self._guard:
+            epoch, ready, valid_until = self._epoch, self._ready_epoch, self._valid_until
+        return epoch is not None and ready == epoch and self.clock() < valid_until
+
+    def mark_ready(self, epoch: int) -> None:
+        """The takeover at `epoch` is done (the journal resumed): mutations are accepted now."""
+        with self._guard:
+            self._ready_epoch = epoch
 
     def check(self, what: str) -> int:
         """Raise NotLeader (naming the leader) unless this manager may act; returns the epoch."""
@@ -215,7 +248,7 @@ class Leadership:
             return self._leader
 
     def role(self) -> Role:
-        leading = self.holds_lease()
+        leading = self.leads()
         with self._guard:
             return Role(role="leader" if leading else "standby", epoch=self._epoch if leading else None,
                         leader=self._leader, error=self._error)
@@ -241,10 +274,17 @@ class Leadership:
                 log.warning("etcd: %s", exc)
                 if leading and self.clock() >= self._valid_until:
                     self._lose("the lease could not be renewed before it lapsed")
-            interval = self.renew_s if self._epoch is not None else self.poll_s
+            if self._epoch is None:
+                interval = self.poll_s
+            else:
+                interval = RETRY_INTERVAL_S if self._error else self.renew_s
 
     def _campaign(self) -> None:
         current = self._kv.get(self.key)
+        if current is not None and self._dead_here(current):
+            # Its lease would keep the key for up to a TTL; a restarted manager need not wait.
+            self._kv.txn([Compare(self.key, "CREATE", current.create_revision)], {}, deletes=[self.key])
+            current = self._kv.get(self.key)
         if current is not None:
             self._seen(current)
             return
@@ -252,7 +292,9 @@ class Leadership:
         epoch = _as_epoch(epoch_kv) + 1
         sent = self.clock()
         lease = self._kv.grant(self.ttl_s)
-        mine = LeaderInfo(id=self.id, pid=self.pid, host=self.host, url=self.url, epoch=epoch, since=time.time())
+        me = record_self()
+        mine = LeaderInfo(id=self.id, pid=self.pid, host=self.host, start_time=me.start_time, boot_id=me.boot_id,
+                          url=self.url, epoch=epoch, since=time.time())
         won = self._kv.txn([Compare(self.key, "CREATE", 0),
                             Compare(self.epoch_key, "MOD", epoch_kv.mod_revision if epoch_kv else 0)],
                            {self.key: mine.to_json(), self.epoch_key: str(epoch)}, lease=lease, lease_keys=[self.key])
@@ -287,6 +329,17 @@ class Leadership:
             if self._epoch is not None:
                 self._valid_until = sent + ttl - MARGIN_S
 
+    def _dead_here(self, current: KeyValue) -> bool:
+        """The key names a manager process of this machine (same host name, same boot) that no
+        longer runs: killed, crashed. (A paused one still runs: its lease decides.)"""
+        info = LeaderInfo.parse(current.value)
+        if info is None or info.host != self.host or info.boot_id != boot_id() or info.pid == self.pid:
+            return False
+        if check(ProcessRecord(info.pid, info.start_time, info.boot_id)) is ProcessStatus.RUNNING:
+            return False
+        log.warning("the leader key names %s, which no longer runs on this machine: taking its place", info.describe())
+        return True
+
     def _seen(self, current: KeyValue) -> None:
         info = LeaderInfo.parse(current.value)
         with self._guard:
@@ -298,7 +351,7 @@ class Leadership:
     def _lose(self, reason: str) -> None:
         with self._guard:
             epoch, lease = self._epoch, self._lease
-            self._epoch, self._lease, self._valid_until = None, None, float("-inf")
+            self._epoch, self._lease, self._valid_until, self._ready_epoch = None, None, float("-inf"), None
         if epoch is None:
             return
         log.warning("this manager no longer leads (epoch %d): %s; standing by", epoch, reason)

@@ -39,7 +39,11 @@ class Terms:
         service.refresh()
         service.operations.start(resume=False)  # its worker waits for the lease
         refresher.start()
-        service.leadership.on_elected, service.leadership.on_lost = self.elected, self.lost
+        # The first campaign on this thread: a fleet's only manager (or one restarted in place of a
+        # dead leader) has taken over before the server listens, as a manager alone would have.
+        service.leadership.on_elected, service.leadership.on_lost = self.take_over, self.lost
+        service.leadership.campaign_once()
+        service.leadership.on_elected = self.elected  # later takeovers on a thread of their own
         service.leadership.start()
 
     def elected(self, epoch: int) -> None:
@@ -62,6 +66,7 @@ class Terms:
                     for op in service.operations.resume():
                         log.warning("resuming operation %s (%s %d) left unfinished by the previous leader",
                                     op.id, op.kind, op.target)
+                    service.leadership.mark_ready(epoch)  # mutations accepted, operations run
                     if service.supervise:
                         if service.supervisor_started:  # a thread runs once: a new HA loop for a new term
                             service.supervisor = service.new_supervisor()

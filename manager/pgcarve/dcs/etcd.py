@@ -258,14 +258,20 @@ class EtcdKv:
 
     def __init__(self, client: EtcdClient):
         self.client = client
+        self._answering = 0  # the endpoint that answered last is asked first (a dead member costs a timeout)
 
     def _post_any(self, path: str, body: Mapping[str, Any]) -> Mapping[str, Any]:
+        endpoints = self.client.config.endpoints
         last: DcsUnavailable | None = None
-        for endpoint in self.client.config.endpoints:
+        for i in range(len(endpoints)):
+            index = (self._answering + i) % len(endpoints)
             try:
-                return self.client._post(endpoint, path, body)
+                doc = self.client._post(endpoints[index], path, body)
             except DcsUnavailable as exc:
                 last = exc
+                continue
+            self._answering = index
+            return doc
         raise last or DcsUnavailable("no etcd endpoint to ask")
 
     def get(self, key: str) -> KeyValue | None:
