@@ -10,7 +10,7 @@ which grows on every takeover. The key holds who leads (pid, host, URL, epoch).
 The others (standbys) read the key every POLL_INTERVAL_S and campaign as soon as it is gone: etcd
 deletes it when the leader's lease lapses (its process or its machine lost) or when a leader that
 stops cleanly deletes it. Worst case from the leader's last renewal to a new leader:
-LEASE_TTL_S + etcd's expiry sweep (0.5 s) + POLL_INTERVAL_S + one request = 13 s
+LEASE_TTL_S + etcd's expiry sweep (0.5 s) + POLL_INTERVAL_S + one request (2 s) = 13.5 s
 (TAKEOVER_BOUND_S). On the leader's own machine a key naming a process that no longer runs
 (killed, crashed; checked by its process record) is deleted at once, so a restarted manager does
 not wait for the lease. etcd gives every lease a full TTL again when its own leader changes, so an
@@ -56,8 +56,8 @@ RETRY_INTERVAL_S = 0.5  # after a failed renewal: the next etcd leader is found 
 POLL_INTERVAL_S = 1.0
 MARGIN_S = 1.0  # the lease is trusted for TTL - MARGIN_S after a renewal was sent
 ETCD_EXPIRY_SWEEP_S = 0.5  # etcd's leader looks for lapsed leases twice a second
-REQUEST_TIMEOUT_S = 1.5  # each request of the campaign loop: a slow etcd must not eat the lease
-TAKEOVER_BOUND_S = LEASE_TTL_S + ETCD_EXPIRY_SWEEP_S + POLL_INTERVAL_S + REQUEST_TIMEOUT_S  # 13 s
+REQUEST_TIMEOUT_S = 2.0  # each request of the campaign loop: a slow etcd must not eat the lease
+TAKEOVER_BOUND_S = LEASE_TTL_S + ETCD_EXPIRY_SWEEP_S + POLL_INTERVAL_S + REQUEST_TIMEOUT_S  # 13.5 s
 
 RoleName = Literal["leader", "standby"]
 
