@@ -1,7 +1,7 @@
 """The managers' leadership lease (control/leadership.py) against a real etcd on loopback
 (tests/support/local_etcd.py): one leader at a time, an epoch that grows on every takeover, a
 standby that takes over when the leader's lease lapses, a fence that refuses a paused leader's
-steps, and a clean stop that hands over at once. Short leases (3 s) keep it quick; the figures
+steps, and a clean stop that hands over at once. Short leases (4 s) keep it quick; the figures
 in production are LEASE_TTL_S and the intervals beside it."""
 
 from __future__ import annotations
@@ -32,7 +32,7 @@ from tests.support.local_etcd import etcd_binary, local_etcd
 
 pytestmark = pytest.mark.skipif(etcd_binary() is None, reason="etcd is not installed (make deps installs it)")
 
-TTL_S = 3
+TTL_S = 4  # short, yet a renewal every 0.5 s keeps it on a loaded machine
 
 
 @pytest.fixture(scope="module")
