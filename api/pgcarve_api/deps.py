@@ -57,5 +57,32 @@ def require_read_access(request: Request) -> None:
         require_token(request)
 
 
-MutationAuth = Depends(require_token)
+def require_leader(request: Request) -> None:
+    """Among several managers of a fleet, only the leader changes anything: a standby answers every
+    mutation with 503, naming the leader's URL (also in the X-Pgcarve-Leader header)."""
+    service: ManagerService = request.app.state.service
+    leadership = service.leadership
+    if leadership is None or leadership.leads():
+        return
+    if leadership.holds_lease():
+        raise HTTPException(status_code=status.HTTP_503_SERVICE_UNAVAILABLE,
+                            detail="this manager has just become the leader and is taking over (finishing what the "
+                                   "previous leader left, resuming its operations); try again in a few seconds")
+    leader = leadership.read_leader()
+    if leader is not None and leadership.is_me(leader):
+        leader = None
+    where = (f"the leader is {leader.describe()}; send changes there" if leader is not None
+             else "no manager holds the fleet's lease right now (one takes over within seconds); try again")
+    raise HTTPException(status_code=status.HTTP_503_SERVICE_UNAVAILABLE,
+                        detail=f"this manager is a standby and changes nothing: {where}",
+                        headers={"X-Pgcarve-Leader": leader.url} if leader is not None and leader.url else None)
+
+
+def require_mutation(request: Request) -> None:
+    """The token first (a caller without it learns nothing about the leader), then leadership."""
+    require_token(request)
+    require_leader(request)
+
+
+MutationAuth = Depends(require_mutation)
 ReadAuth = Depends(require_read_access)

@@ -11,6 +11,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 from fastapi.staticfiles import StaticFiles
 from pgcarve.config import load_fleet_config
+from pgcarve.control.leadership import Leadership
 from pgcarve.control.service import ManagerService
 from pgcarve.dcs.watch import EtcdWatch
 from pgcarve.errors import (
@@ -23,6 +24,7 @@ from pgcarve.errors import (
     ImageMissing,
     LibvirtFailure,
     NotFound,
+    NotLeader,
     PgcarveError,
 )
 from pgcarve.guest.tls import FleetCA
@@ -64,6 +66,7 @@ STATUS_FOR_ERROR: dict[type[PgcarveError], int] = {
     LibvirtFailure: 502,
     GuestNotReady: 504,
     DcsUnavailable: 503,
+    NotLeader: 503,  # a standby manager, or a leader that lost its lease mid-request
 }
 
 
@@ -128,7 +131,14 @@ def create_app(settings: Settings | None = None, service: ManagerService | None 
         owned = app.state.service is None
         if owned:
             config = load_fleet_config(settings.hosts_file_path())
-            app.state.service = ManagerService(config, paths, refresh_s=settings.refresh_s,
+            leadership = None
+            if config.etcd is not None:
+                leadership = Leadership(config.etcd, config.fleet, url=app.state.url)
+            else:
+                log.warning("no etcd section in %s: this manager acts alone, with no standby; one manager per "
+                            "state directory (an flock on %s/manager.lock)", settings.hosts_file_path(),
+                            paths.state_dir)
+            app.state.service = ManagerService(config, paths, refresh_s=settings.refresh_s, leadership=leadership,
                                                boot_timeout_s=settings.boot_timeout,
                                                collect=settings.collect,
                                                collect_interval_s=settings.collect_interval_s,
@@ -166,6 +176,7 @@ def create_app(settings: Settings | None = None, service: ManagerService | None 
     app.state.service = service
     app.state.advice = advice_runs.AdviceStore(paths.state_dir / "advice")
     app.state.listener = listener
+    app.state.url = None  # where this server answers, once `serve` knows it (named in the leader key)
     app.state.server_names = server_names(settings.bind, listener, settings.extra_host_names)
     app.state.token, created = load_or_create_token(settings.token, paths.token_file)
     app.state.fleet_ca = FleetCA(paths.tls_dir)

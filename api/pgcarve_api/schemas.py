@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -11,7 +11,14 @@ class Health(BaseModel):
     status: Literal["ok"] = "ok"
     ha_loop: Literal["watching", "starting", "off"] = Field(
         "off", description="watching: every host's lifecycle events are followed and the start-up sweep for faults "
-                           "missed while no manager ran is done; starting: not yet; off: PGCARVE_SUPERVISE=0")
+                           "missed while no manager ran is done; starting: not yet; off: PGCARVE_SUPERVISE=0, or "
+                           "a standby manager (the leader runs the HA loop)")
+    role: Literal["leader", "standby"] = Field(
+        "leader", description="leader: this manager acts on the fleet; standby: it serves reads and answers "
+                              "mutations with 503 naming the leader (several managers share the fleet through etcd)")
+    leadership: dict[str, Any] = Field(
+        default_factory=dict, description="the lease (etcd key, TTL), this manager's epoch, the leader's URL, pid "
+                                          "and host; without an etcd section: one manager per state directory")
 
 
 class HostOut(BaseModel):

@@ -19,7 +19,7 @@ import sys
 import uvicorn
 from pgcarve.config import load_fleet_config
 from pgcarve.control.fleet import Fleet
-from pgcarve.control.manager_lock import ManagerLock
+from pgcarve.control.manager_lock import ManagerLock, running_servers
 from pgcarve.control.state_check import check_state
 from pgcarve.errors import PgcarveError
 from pgcarve.processes import read_record, record_self, write_record
@@ -34,11 +34,14 @@ from pgcarve_api.settings import Settings
 def serve(settings: Settings) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     paths = settings.paths
-    # Before anything else: a second server on this state directory would fight the first over the
-    # same guests (discard what it builds, repair what it removes). Held until this process exits.
-    lock = ManagerLock(paths.state_dir, "pgcarve serve")
+    config = load_fleet_config(settings.hosts_file_path())
+    # Before anything else: without etcd, a second server on this state directory would fight the
+    # first over the same guests (discard what it builds, repair what it removes), so it is refused.
+    # With etcd, servers share the lock and the fleet's lease decides which one acts
+    # (control/leadership.py); `pgcarve up` and the like are still refused while any runs.
+    lock = ManagerLock(paths.state_dir, "pgcarve serve", shared=config.etcd is not None)
     lock.acquire()
-    fleet = Fleet(load_fleet_config(settings.hosts_file_path()), paths)
+    fleet = Fleet(config, paths)
     try:
         check_state(fleet)  # before anything is made: the token, the CA, server.json
     finally:
@@ -57,19 +60,31 @@ def serve(settings: Settings) -> int:
     elif created:
         print(f"pgcarve: new API token written to {paths.token_file} (mode 0600)", file=sys.stderr, flush=True)
     url = f"{'https' if tls else 'http'}://{listener.local_url_host()}:{listener.port}"
-    config = uvicorn.Config(app, log_level="info", access_log=False,
+    uvicorn_config = uvicorn.Config(app, log_level="info", access_log=False,
                             ssl_certfile=tls.cert_file if tls else None, ssl_keyfile=tls.key_file if tls else None)
+    app.state.url = settings.advertise_url or url  # the leader key names it (the campaign starts in run())
     me = record_self()
     names = app.state.server_names.all()
-    write_record(paths.server_file, me, url=url, ca_file=str(tls.ca_file) if tls and tls.ca_file else None,
-                 names=names)
+    fields = {"url": url, "ca_file": str(tls.ca_file) if tls and tls.ca_file else None, "names": names,
+              "port": listener.port}
+    # Every server has its record in servers/ (so `server stop` finds them all); server.json names
+    # the latest, for clients.
+    own = paths.servers_dir / f"{me.pid}.json"
+    write_record(own, me, **fields)
+    write_record(paths.server_file, me, **fields)
     lock.note(url=url)
     logging.getLogger("pgcarve.api").info("serving %s; names accepted in Host: %s", url, ", ".join(names))
     try:
-        uvicorn.Server(config).run(sockets=[sock])
+        uvicorn.Server(uvicorn_config).run(sockets=[sock])
     finally:
+        own.unlink(missing_ok=True)
         if read_record(paths.server_file)[0] == me:  # not a file another server wrote since
-            paths.server_file.unlink(missing_ok=True)
+            others = running_servers(paths.servers_dir)
+            if others:  # clients go on to a server still running, never to this stopped one
+                write_record(paths.server_file, others[-1][0], **{k: v for k, v in others[-1][1].items()
+                                                                  if k not in others[-1][0].to_dict()})
+            else:
+                paths.server_file.unlink(missing_ok=True)
         lock.release()
     return 0
 

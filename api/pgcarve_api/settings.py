@@ -26,6 +26,9 @@ class Settings(ManagerSettings):
     # both or neither. Without them, off loopback the API serves a certificate from the fleet CA.
     tls_cert: Path | None = None
     tls_key: Path | None = None
+    # PGCARVE_ADVERTISE_URL: the URL other managers' 503s name for this one while it leads (the leader
+    # key in etcd); default: the URL it listens on, which is only right for clients on this machine.
+    advertise_url: str | None = None
 
     @property
     def extra_host_names(self) -> list[str]:

@@ -63,3 +63,7 @@ class PatroniRefused(Conflict):
 class PatroniUnavailable(GuestNotReady):
     """Patroni's REST API on a guest could not be reached, refused pgcarve's credentials, or answered
     with something that is not Patroni's."""
+
+
+class NotLeader(PgcarveError):
+    """This manager does not hold the fleet's leadership lease (or no longer does): it may not act."""

@@ -52,7 +52,14 @@ class Paths:
 
     @property
     def server_file(self) -> Path:
+        """The server clients talk to (the latest started that still runs)."""
         return self.state_dir / "server.json"
+
+    @property
+    def servers_dir(self) -> Path:
+        """One record per running server (several may serve one state directory with etcd), so
+        `pgcarve server stop` finds every one of them."""
+        return self.state_dir / "servers"
 
 
 class Settings(BaseSettings):

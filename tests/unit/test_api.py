@@ -29,7 +29,10 @@ def api(tmp_path: Path) -> Iterator[tuple[TestClient, ManagerService]]:
 
 def test_reads(api: tuple[TestClient, ManagerService]) -> None:
     client, _ = api
-    assert client.get("/healthz").json() == {"status": "ok", "ha_loop": "off"}  # supervise=False here
+    health = client.get("/healthz").json()
+    assert {k: health[k] for k in ("status", "ha_loop", "role")} == {"status": "ok", "ha_loop": "off",
+                                                                    "role": "leader"}  # supervise=False here
+    assert "no etcd section" in health["leadership"]["lease"]  # alone: today's flock, said so
     hosts = client.get("/v1/hosts").json()
     assert hosts[0]["name"] == "h1" and hosts[0]["instances"] == 3 and hosts[0]["cpus"] > 0
     names = [i["name"] for i in client.get("/v1/instances").json()]

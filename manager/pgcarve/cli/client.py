@@ -11,6 +11,7 @@ from urllib.parse import quote
 
 import httpx
 
+from pgcarve.control.manager_lock import running_servers
 from pgcarve.errors import PgcarveError
 from pgcarve.processes import ProcessStatus, check, read_record
 from pgcarve.settings import Paths, Settings
@@ -20,7 +21,24 @@ def read_server(paths: Paths) -> dict[str, Any] | None:
     """{pid, url, ca_file, ...} of the running API server from server.json, or None when none
     runs (no file, or its PID has exited, was reused or is from before a reboot)."""
     record, data = read_record(paths.server_file)
-    return data if record is not None and check(record) is ProcessStatus.RUNNING else None
+    if record is not None and check(record) is ProcessStatus.RUNNING:
+        return data
+    others = running_servers(paths.servers_dir)  # another server of this state directory still runs
+    return others[-1][1] if others else None
+
+
+def local_leader(paths: Paths) -> dict[str, Any] | None:
+    """Of the servers this state directory runs, the one that leads (asked on /healthz), since only
+    it accepts changes; else the one server.json names."""
+    running = [data for _record, data in running_servers(paths.servers_dir)]
+    for server in running if len(running) > 1 else ():
+        try:
+            health = httpx.get(f"{server['url']}/healthz", timeout=2, verify=server_verify(server)).json()
+        except (httpx.HTTPError, ValueError):
+            continue
+        if isinstance(health, dict) and health.get("role") == "leader":
+            return server
+    return read_server(paths)
 
 
 def server_verify(server: dict[str, Any] | None) -> ssl.SSLContext | bool:
@@ -61,7 +79,7 @@ class ApiClient:
         token = settings.token
         if not token and paths.token_file.exists():
             token = paths.token_file.read_text().strip()
-        server = read_server(paths)
+        server = local_leader(paths) if url is None else read_server(paths)
         if server is not None and (url is None or url.rstrip("/") == server["url"]):
             return cls(server["url"], token, verify=server_verify(server))
         return cls(url or f"http://127.0.0.1:{settings.port}", token)

@@ -134,7 +134,8 @@ def main(argv: list[str] | None = None) -> int:
         return func(args, settings)
     except PgcarveError as exc:
         console.print(f"[red]error:[/red] {exc}", highlight=False)
-        return EXIT_CODES.get(type(exc), 1)
+        # A subclass (PatroniRefused is a Conflict) exits as its family does.
+        return next((code for kind, code in EXIT_CODES.items() if isinstance(exc, kind)), 1)
     except KeyboardInterrupt:
         console.print("interrupted")
         return 130

@@ -11,12 +11,15 @@ import os
 import subprocess
 import sys
 import time
+from pathlib import Path
+from typing import Any
 
 from pgcarve.cli.client import ApiClient, read_server, server_verify
 from pgcarve.cli.display import console, out, send_and_follow
+from pgcarve.control.manager_lock import running_servers
 from pgcarve.errors import PgcarveError
-from pgcarve.processes import ProcessStatus, read_record, stale_reason, stop
-from pgcarve.settings import Settings
+from pgcarve.processes import ProcessRecord, ProcessStatus, read_record, stale_reason, stop
+from pgcarve.settings import Paths, Settings
 
 
 def serve_command(args: argparse.Namespace) -> list[str]:
@@ -34,27 +37,19 @@ def cmd_serve(args: argparse.Namespace, _settings: Settings) -> int:
 
 
 def cmd_server(args: argparse.Namespace, settings: Settings) -> int:
-    """Start the API server in the background (pid in server.json), or stop it by that pid."""
+    """Start the API server in the background (its record in server.json and servers/), or stop
+    every server of this state directory by those records."""
     paths = settings.paths
     if args.action == "stop":
-        record, data = read_record(paths.server_file)
-        if not data:
-            out.print("server: not running")
-        elif record is None:  # written by an older pgcarve: a bare PID cannot be verified
-            out.print(f"server: {paths.server_file} names pid {data.get('pid')} without its start time, so it "
-                      "was not signalled (it may be another process by now); if it is the pgcarve server, "
-                      "stop it by hand")
-        else:
-            status = stop(record, timeout_s=20)
-            if status is ProcessStatus.RUNNING:
-                out.print(f"server: stopped (pid {record.pid})")
-            else:
-                out.print(f"server: not running: {stale_reason(record, status)}, so it was not signalled")
-        paths.server_file.unlink(missing_ok=True)
+        stop_servers(paths)
         return 0
     server = read_server(paths)
-    if server is not None:
-        out.print(f"server: already running at {server['url']} (pid {server['pid']})")
+    running = [data for _record, data in running_servers(paths.servers_dir)]
+    same_port = [d for d in running if d.get("port") == args.port]
+    if same_port or (server is not None and not running):  # (a server from before servers/ existed)
+        found = same_port[0] if same_port else server
+        assert found is not None
+        out.print(f"server: already running at {found['url']} (pid {found['pid']})")
         return 0
     log_path = paths.state_dir / "server.log"
     paths.state_dir.mkdir(parents=True, exist_ok=True)
@@ -80,6 +75,31 @@ def cmd_server(args: argparse.Namespace, settings: Settings) -> int:
     out.print(f"server: API and dashboard on {client.url}/ (pid {proc.pid}, log {log_path})")
     out.print(f"server: API token in {paths.token_file} (send it as 'Authorization: Bearer <token>')")
     return 0
+
+
+def stop_servers(paths: Paths) -> None:
+    """Stop every server this state directory records (servers/ and server.json), by their
+    process records: a PID that is no longer the server is never signalled."""
+    records: dict[int, tuple[ProcessRecord | None, dict[str, Any], Path]] = {}
+    for path in [paths.server_file, *sorted(paths.servers_dir.glob("*.json"))] if paths.servers_dir.is_dir() \
+            else [paths.server_file]:
+        record, data = read_record(path)
+        if data:
+            records.setdefault(int(data.get("pid", 0) or 0), (record, data, path))
+    if not records:
+        out.print("server: not running")
+    for pid, (record, data, path) in sorted(records.items()):
+        if record is None:  # written by an older pgcarve: a bare PID cannot be verified
+            out.print(f"server: {path} names pid {pid} without its start time, so it was not signalled "
+                      "(it may be another process by now); if it is the pgcarve server, stop it by hand")
+            continue
+        status = stop(record, timeout_s=20)
+        if status is ProcessStatus.RUNNING:
+            out.print(f"server: stopped (pid {record.pid}, {data.get('url', 'no URL')})")
+        else:
+            out.print(f"server: not running: {stale_reason(record, status)}, so it was not signalled")
+    for _pid, (_record, _data, path) in records.items():
+        path.unlink(missing_ok=True)
 
 
 def cmd_scale(args: argparse.Namespace, settings: Settings) -> int:

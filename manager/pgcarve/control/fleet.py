@@ -101,6 +101,11 @@ class Fleet:
         elif set(hosts) != {h.name for h in config.hosts}:
             raise ConfigError(f"hosts {sorted(hosts)} are not the configured hosts {[h.name for h in config.hosts]}")
         self.hosts = dict(hosts)
+        # The fencing check of a manager among several (control/leadership.py), set by the service;
+        # None for a manager alone. Every host change and every admin session on a guest goes through it.
+        self.fence: Callable[[str], object] | None = None
+        for libvirt_host in self.hosts.values():
+            libvirt_host.fence = self.check_fence
         self.forwards = ForwardRegistry(paths.sandbox_dir / "forwards")
         self.images = HostImages(self.hosts, paths.image_dir)
         self.domain_types = DomainTypes(config, self.hosts, self.images, paths.probe_cache)
@@ -335,8 +340,14 @@ class Fleet:
         """An autocommit admin session on the guest's PostgreSQL (postgres/session.py)."""
         if guest.endpoint is None:
             raise GuestNotReady(f"{guest.name} has no address yet")
+        self.check_fence(f"a session on {guest.name}")
         host, port = guest.endpoint
         return session.connect(host, port, self.credentials.admin_password, database, timeout_s, tls=self.client_tls)
+
+    def check_fence(self, what: str) -> None:
+        """Raise NotLeader if this manager may not act now (see `fence`)."""
+        if self.fence is not None:
+            self.fence(what)
 
     def close(self) -> None:
         for host in self.hosts.values():

@@ -6,18 +6,27 @@ ones fail as "superseded", so the fleet ends at the last accepted request withou
 every intermediate size. Operations
 are journaled to the state directory, so a manager that is killed mid-operation finds the
 unfinished one on restart and runs it again to completion (scaling is idempotent).
+
+Among several managers (control/leadership.py) the queue has a `guard`: the worker runs
+operations only while this manager leads, each bound to the epoch it began under, and the journal
+is written only by the leader: a standby, or an old leader that lost its lease, never overwrites
+it. A manager that takes over calls `resume()`, which reads the journal again and re-queues what
+was left unfinished.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
 import threading
 import time
 import uuid
 from collections.abc import Callable
+from contextlib import AbstractContextManager
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Literal
+from typing import Literal, Protocol
 
 Status = Literal["pending", "running", "succeeded", "failed"]
 
@@ -43,11 +52,25 @@ class Operation:
         return asdict(self)
 
 
+class Guard(Protocol):
+    """Whether this manager may act (control/leadership.Leadership)."""
+
+    def holds(self) -> bool: ...
+
+    def acting(self) -> AbstractContextManager[int]: ...
+
+
+# How often an idle worker looks again whether it may act (leadership changes without a notify).
+GUARD_POLL_S = 0.5
+
+
 class OperationQueue:
     """Accepts operations and runs them one at a time on a worker thread."""
 
-    def __init__(self, run: Callable[[Operation], str | None], journal: Path | None = None, keep: int = 200):
+    def __init__(self, run: Callable[[Operation], str | None], journal: Path | None = None, keep: int = 200,
+                 guard: Guard | None = None):
         self._run = run
+        self.guard = guard
         # Operation kinds run by layers above control (the API's advice): kind -> runner. Register
         # before start(), so that one resumed from the journal finds its runner.
         self.runners: dict[str, Callable[[Operation], str | None]] = {}
@@ -61,11 +84,28 @@ class OperationQueue:
         self._thread = threading.Thread(target=self._worker, name="pgcarve-operations", daemon=True)
         self.counts: dict[str, int] = {"accepted": 0, "succeeded": 0, "failed": 0, "superseded": 0}
 
-    def start(self) -> list[Operation]:
-        """Start the worker; returns operations found unfinished in the journal (re-queued)."""
-        resumed = self._load_journal()
+    def start(self, resume: bool = True) -> list[Operation]:
+        """Start the worker; returns operations found unfinished in the journal (re-queued).
+        `resume=False`: a standby, which reads the journal only when it takes over (`resume`)."""
+        resumed = self._load_journal() if resume else []
         self._thread.start()
         return resumed
+
+    def resume(self) -> list[Operation]:
+        """Read the journal again, as a manager that just took over: what the previous leader
+        left unfinished is queued again; what this process remembered from an earlier term is
+        replaced by what the journal says now."""
+        with self._cond:
+            self._ops.clear()
+            self._pending.clear()
+        resumed = self._load_journal()
+        with self._cond:
+            self._seq = max([self._seq, *(o.seq for o in self._ops.values())])
+            self._cond.notify_all()
+        return resumed
+
+    def _may_act(self) -> bool:
+        return self.guard is None or self.guard.holds()
 
     def stop(self) -> None:
         with self._cond:
@@ -115,8 +155,8 @@ class OperationQueue:
     def _worker(self) -> None:
         while True:
             with self._cond:
-                while not self._pending and not self._stopped:
-                    self._cond.wait()
+                while (not self._pending or not self._may_act()) and not self._stopped:
+                    self._cond.wait(GUARD_POLL_S if self.guard is not None else None)
                 if self._stopped:
                     return
                 # Of the scale requests waiting, only the newest runs; others run in order.
@@ -131,7 +171,9 @@ class OperationQueue:
                 op.status, op.started_at, op.message = "running", time.time(), "starting"
                 self._save()
             try:
-                summary = self.runners.get(op.kind, self._run)(op)  # what was done, in words (None: nothing to add)
+                # Bound to the epoch it starts under: a step after a takeover elsewhere is refused.
+                with self.guard.acting() if self.guard is not None else contextlib.nullcontext(0):
+                    summary = self.runners.get(op.kind, self._run)(op)  # what was done, in words (None: nothing to add)
                 final: dict[str, object] = {"status": "succeeded", "progress": 1.0, "message": summary or "done"}
                 self.counts["succeeded"] += 1
             except Exception as exc:
@@ -147,10 +189,10 @@ class OperationQueue:
     # -- journal -------------------------------------------------------------------------------
 
     def _save(self) -> None:
-        if self._journal is None:
+        if self._journal is None or not self._may_act():  # only the leader writes the journal
             return
         ops = sorted(self._ops.values(), key=lambda o: o.created_at)[-self._keep:]
-        tmp = self._journal.with_suffix(".tmp")
+        tmp = self._journal.with_name(f"{self._journal.name}.{os.getpid()}.tmp")  # managers may share the directory
         tmp.write_text(json.dumps([o.public() for o in ops], indent=1))
         tmp.replace(self._journal)
 

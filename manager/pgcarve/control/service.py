@@ -23,6 +23,7 @@ from pgcarve.control.endpoints import instance_endpoints
 from pgcarve.control.failover import Failover
 from pgcarve.control.fleet import Fleet, Instance, Progress
 from pgcarve.control.fleet_view import FleetView
+from pgcarve.control.leadership import Leadership
 from pgcarve.control.listing import Listing
 from pgcarve.control.operations import Operation, OperationQueue
 from pgcarve.control.rates import RateTracker, Snapshot
@@ -32,6 +33,7 @@ from pgcarve.control.retirement import finish_interrupted, purge
 from pgcarve.control.scaler import Scaler
 from pgcarve.control.supervisor import Incident, Supervisor
 from pgcarve.control.switchover import Switchover
+from pgcarve.control.terms import Terms
 from pgcarve.control.waits import WaitBreakdown, WaitSampler, breakdown_of
 from pgcarve.errors import ConfigError, Conflict, NotFound, PgcarveError
 from pgcarve.naming import application_name
@@ -54,11 +56,12 @@ STATS_QUERY_TIMEOUT_S = 10.0
 class ManagerService:
     def __init__(self, config: FleetConfig, paths: Paths, refresh_s: float = 2.0, collect: bool = True,
                  collect_interval_s: float = 1.0, supervise: bool = True, boot_timeout_s: float = 600.0,
-                 waits_hz: float = 5.0):
+                 waits_hz: float = 5.0, leadership: Leadership | None = None):
         """`waits_hz`: how often each primary's client sessions are sampled for what they wait on
-        (control/waits.py; 0: never). Nothing is polled unless `collect`."""
+        (control/waits.py; 0: never). Nothing is polled unless `collect`. `leadership`: control/terms.py."""
         self.config = config
         self.paths = paths
+        self.leadership = leadership
         self.fleet = Fleet(config, paths, boot_timeout_s=boot_timeout_s)
         self.scaler = Scaler(self.fleet)
         paths.state_dir.mkdir(parents=True, exist_ok=True)
@@ -81,14 +84,20 @@ class ManagerService:
         self._stop = threading.Event()
         self._refresher = threading.Thread(target=self._refresh_loop, name="pgcarve-refresh", daemon=True)
         self._scale_lock = threading.Lock()
-        self.supervisor = (Supervisor(self.fleet, on_change=self._refresh_wanted.set,
-                                      view=lambda: self.view.instances) if supervise else None)
+        self.supervise, self.supervisor_started = supervise, False  # (a new HA loop per term: control/terms.py)
+        self.supervisor = self.new_supervisor() if supervise else None
+
+    def new_supervisor(self) -> Supervisor:
+        return Supervisor(self.fleet, on_change=self._refresh_wanted.set, view=lambda: self.view.instances)
 
     # -- lifecycle ---------------------------------------------------------------------------
 
     def start(self) -> None:
         if self.supervisor is not None:
             start_event_loop()  # before any connection, so every connection notices a restarted libvirtd
+        if self.leadership is not None:  # reads at once; acting once elected (control/terms.py)
+            Terms(self).begin(self._refresher)
+            return
         try:
             for what in finish_interrupted(self.fleet):
                 log.warning("%s, left half-way by a manager that stopped in the middle of an operation", what)
@@ -110,6 +119,8 @@ class ManagerService:
             self.supervisor.stop()
         self._refresh_wanted.set()
         self.operations.stop()
+        if self.leadership is not None:
+            self.leadership.stop()  # a leader hands over at once rather than after its lease
         self.fleet.close()
 
     async def run_collector(self, stop: asyncio.Event) -> None:

@@ -287,3 +287,113 @@ class EtcdClient:
         except DcsUnavailable as exc:
             error = str(exc)
         return Probe(answers, members, error, time.time())
+
+
+# -- keys, leases and transactions (the managers' leadership lease: control/leadership.py) -------
+
+
+@dataclass(frozen=True)
+class KeyValue:
+    """One key as etcd holds it. `create_revision` changes only when the key is made anew, so it
+    names one incarnation of a key (one leader's term)."""
+
+    key: str
+    value: str
+    create_revision: int
+    mod_revision: int
+    lease: str  # "0": no lease
+
+
+def _b64(text: str) -> str:
+    return base64.b64encode(text.encode()).decode()
+
+
+def _unb64(text: Any) -> str:
+    try:
+        return base64.b64decode(str(text or "")).decode()
+    except (ValueError, UnicodeDecodeError):
+        return ""
+
+
+def _key_value(raw: Mapping[str, Any]) -> KeyValue:
+    return KeyValue(key=_unb64(raw.get("key")), value=_unb64(raw.get("value")),
+                    create_revision=_as_int(raw.get("create_revision")), mod_revision=_as_int(raw.get("mod_revision")),
+                    lease=str(raw.get("lease", "0")))
+
+
+@dataclass(frozen=True)
+class Compare:
+    """One condition of a transaction: the key's create or mod revision equals `revision`
+    (0: the key does not exist)."""
+
+    key: str
+    target: str  # "CREATE" or "MOD"
+    revision: int
+
+    def body(self) -> dict[str, str]:
+        field = "create_revision" if self.target == "CREATE" else "mod_revision"
+        return {"key": _b64(self.key), "target": self.target, field: str(self.revision), "result": "EQUAL"}
+
+
+class EtcdKv:
+    """Keys, leases and transactions, on the first endpoint that answers. Kept apart from the
+    health probes above: these are what a manager decides with, and each call either gets an
+    answer from the cluster or raises DcsUnavailable."""
+
+    def __init__(self, client: EtcdClient):
+        self.client = client
+        self._answering = 0  # the endpoint that answered last is asked first (a dead member costs a timeout)
+
+    def _post_any(self, path: str, body: Mapping[str, Any]) -> Mapping[str, Any]:
+        endpoints = self.client.config.endpoints
+        last: DcsUnavailable | None = None
+        for i in range(len(endpoints)):
+            index = (self._answering + i) % len(endpoints)
+            try:
+                doc = self.client._post(endpoints[index], path, body)
+            except DcsUnavailable as exc:
+                last = exc
+                continue
+            self._answering = index
+            return doc
+        raise last or DcsUnavailable("no etcd endpoint to ask")
+
+    def get(self, key: str) -> KeyValue | None:
+        kvs = self._post_any("/v3/kv/range", {"key": _b64(key)}).get("kvs") or ()
+        return _key_value(kvs[0]) if kvs else None
+
+    def grant(self, ttl_s: int) -> str:
+        """A new lease of `ttl_s` seconds; returns its ID."""
+        doc = self._post_any("/v3/lease/grant", {"TTL": str(ttl_s)})
+        lease = str(doc.get("ID", ""))
+        if not lease or lease == "0":
+            raise DcsUnavailable(f"etcd granted no lease: {dict(doc)}")
+        return lease
+
+    def keepalive(self, lease: str) -> int:
+        """Renew the lease once; returns its TTL again, 0 if etcd no longer has it (it lapsed)."""
+        doc = self._post_any("/v3/lease/keepalive", {"ID": lease})
+        result = doc.get("result")
+        return _as_int(result.get("TTL")) if isinstance(result, Mapping) else 0
+
+    def revoke(self, lease: str) -> None:
+        """Drop the lease and every key attached to it; a lease already gone is no error."""
+        try:
+            self._post_any("/v3/lease/revoke", {"ID": lease})
+        except DcsUnavailable as exc:
+            if "lease not found" not in str(exc):
+                raise
+
+    def txn(self, compares: Sequence[Compare], puts: Mapping[str, str], lease: str = "0",
+            lease_keys: Sequence[str] = (), deletes: Sequence[str] = ()) -> bool:
+        """Put `puts` (keys in `lease_keys` attached to `lease`) and delete `deletes` if every
+        comparison holds, all at once; returns whether it did."""
+        success: list[dict[str, Any]] = []
+        for key, value in puts.items():
+            put: dict[str, Any] = {"key": _b64(key), "value": _b64(value)}
+            if key in lease_keys:
+                put["lease"] = lease
+            success.append({"request_put": put})
+        success += [{"request_delete_range": {"key": _b64(key)}} for key in deletes]
+        doc = self._post_any("/v3/kv/txn", {"compare": [c.body() for c in compares], "success": success})
+        return bool(doc.get("succeeded"))

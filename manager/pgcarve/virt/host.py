@@ -1,10 +1,9 @@
 """One libvirt host, through libvirt-python (the virt package is the only one that imports it).
 
 libvirt.libvirtError is translated here, once, into pgcarve's own errors, with the host's name
-and URI in the message (`translate`). Everything pgcarve stores about a guest lives in libvirt
-(domain XML and its pgcarve metadata), so the view built from `guests()` is the truth after any
-restart. The host's storage pool is `storage` (virt/storage.py).
-"""
+and URI in the message (`translate`; `acting` for a change, after the fence: virt/fencing.py).
+Everything pgcarve stores about a guest lives in libvirt (domain XML and pgcarve metadata), so
+the view built from `guests()` is the truth after any restart. Its pool is `storage`."""
 
 from __future__ import annotations
 
@@ -29,6 +28,7 @@ from pgcarve.virt.domain_xml import (
     InstanceMetadata,
     format_cpuset,
 )
+from pgcarve.virt.fencing import Fenced
 from pgcarve.virt.storage import HostStorage
 from pgcarve.virt.xml_specs import NetworkSpec
 
@@ -92,7 +92,7 @@ def domain_facts(xml_text: str) -> DomainFacts:
     return found
 
 
-class LibvirtHost:
+class LibvirtHost(Fenced):
     """A connection to one libvirt host, named as in the hosts file."""
 
     def __init__(self, name: str, uri: str, pool: str = "pgcarve", pool_path: str = "/var/lib/libvirt/pgcarve"):
@@ -175,19 +175,19 @@ class LibvirtHost:
         """Define the guest and start it. Not autostarted with libvirtd: after a host comes back,
         the manager decides what each of its guests becomes (a primary that was failed over
         elsewhere must not start as a second primary)."""
-        with self.translate(f"defining and starting {spec.name}"):
+        with self.acting(f"defining and starting {spec.name}"):
             dom = self.conn.defineXML(spec.to_xml())
             dom.setAutostart(0)
             dom.create()
 
     def define(self, spec: DomainSpec) -> None:
         """Define the guest without starting it (not autostarted either)."""
-        with self.translate(f"defining {spec.name}"):
+        with self.acting(f"defining {spec.name}"):
             self.conn.defineXML(spec.to_xml()).setAutostart(0)
 
     def stop(self, name: str) -> bool:
         """Power a guest off at once, keeping its definition and disks; False if it was not running."""
-        with self.translate(f"stopping {name}"):
+        with self.acting(f"stopping {name}"):
             dom = self.conn.lookupByName(name)
             dom.setAutostart(0)
             if not dom.isActive():
@@ -196,14 +196,14 @@ class LibvirtHost:
             return True
 
     def start(self, name: str) -> None:
-        with self.translate(f"starting {name}"):
+        with self.acting(f"starting {name}"):
             dom = self.conn.lookupByName(name)
             if not dom.isActive():
                 dom.create()
 
     def destroy(self, name: str, undefine: bool = True) -> bool:
         """Stop a guest at once (power off) and, by default, forget its definition."""
-        with self.translate(f"removing {name}"):
+        with self.acting(f"removing {name}"):
             try:
                 dom = self.conn.lookupByName(name)
             except libvirt.libvirtError as exc:
@@ -218,7 +218,7 @@ class LibvirtHost:
 
     def shutdown(self, name: str, timeout_s: float = 60.0) -> None:
         """Ask the guest to power off cleanly (ACPI), forcing it after timeout_s."""
-        with self.translate(f"shutting down {name}"):
+        with self.acting(f"shutting down {name}"):
             dom = self.conn.lookupByName(name)
             if not dom.isActive():
                 return
@@ -308,13 +308,13 @@ class LibvirtHost:
 
     def mark_complete(self, name: str) -> None:
         """Drop the "being created" marker: the guest's instance is whole."""
-        with self.translate(f"marking {name} complete"):
+        with self.acting(f"marking {name} complete"):
             dom = self.conn.lookupByName(name)
             dom.setMetadata(libvirt.VIR_DOMAIN_METADATA_ELEMENT, None, None, CREATING_NS, self._affect(dom))
 
     def set_metadata(self, name: str, metadata: InstanceMetadata) -> None:
         """Give a guest a new pgcarve identity (a standby promoted to primary)."""
-        with self.translate(f"updating {name}'s metadata"):
+        with self.acting(f"updating {name}'s metadata"):
             dom = self.conn.lookupByName(name)
             flags = self._affect(dom)
             dom.setMetadata(libvirt.VIR_DOMAIN_METADATA_ELEMENT, metadata.to_set_metadata(), METADATA_PREFIX,

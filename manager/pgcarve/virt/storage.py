@@ -107,7 +107,7 @@ class HostStorage:
             f"pgcarve-vmlinuz-{tag}": (kernel, "raw"),
             f"pgcarve-initrd-{tag}": (initrd, "raw"),
         }
-        with self._lock, self.host.translate("uploading the guest image"):
+        with self._lock, self.host.acting("uploading the guest image"):
             pool = self.ensure_pool(refresh=True)
             present = set(pool.listVolumes())
             for name, (source, fmt) in wanted.items():
@@ -134,14 +134,14 @@ class HostStorage:
 
     def create_overlay(self, name: str, base_volume: str, size_gib: int) -> None:
         """A qcow2 overlay on the base volume: O(1) in the size of the image."""
-        with self._lock, self.host.translate(f"creating disk {name}"):
+        with self._lock, self.host.acting(f"creating disk {name}"):
             pool = self.ensure_pool()
             base = pool.storageVolLookupByName(base_volume)
             spec = VolumeSpec(name, size_gib, unit="GiB", format="qcow2", backing_path=base.path())
             pool.createXML(spec.to_xml(), 0)
 
     def upload_file(self, name: str, source: Path) -> None:
-        with self._lock, self.host.translate(f"uploading {name}"):
+        with self._lock, self.host.acting(f"uploading {name}"):
             pool = self.ensure_pool()
             with contextlib.suppress(libvirt.libvirtError):
                 pool.storageVolLookupByName(name).delete(0)
@@ -150,7 +150,7 @@ class HostStorage:
     def create_marker(self, name: str) -> None:
         """An empty volume whose name records a fact beside the disks it is about (retired guests:
         control/retirement.py); a no-op if it exists."""
-        with self._lock, self.host.translate(f"creating marker volume {name}"):
+        with self._lock, self.host.acting(f"creating marker volume {name}"):
             pool = self.ensure_pool(refresh=True)
             if name not in pool.listVolumes():
                 pool.createXML(VolumeSpec(name, 0, format="raw").to_xml(), 0)
@@ -167,7 +167,7 @@ class HostStorage:
 
     def delete_volume(self, name: str) -> bool:
         """Delete a volume if it exists; True if something was deleted."""
-        with self._lock, self.host.translate(f"deleting volume {name}"):
+        with self._lock, self.host.acting(f"deleting volume {name}"):
             pool = self.ensure_pool()
             try:
                 vol = pool.storageVolLookupByName(name)
