@@ -48,7 +48,7 @@ class Recorder(Provisioner):
                  for name in ("h0", "h1", "h2")}
         images = {"h0": "base-1", "h1": standby_image, "h2": standby_image}
         fleet = SimpleNamespace(
-            config=SimpleNamespace(fleet="pgc", replication=None),
+            config=SimpleNamespace(fleet="pgc", replication=None), patroni=None,
             images=SimpleNamespace(on=lambda host: SimpleNamespace(disk=images[host])),
             placement=SimpleNamespace(hosts_for=lambda index: (
                 HostConfig(name="h0", uri="test:///default"),

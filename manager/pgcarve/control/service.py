@@ -16,11 +16,9 @@ from dataclasses import asdict, replace
 from typing import Any
 
 from pgcarve.config import FleetConfig
-from pgcarve.control import patroni_roles_by_hand as patroni_hand
 from pgcarve.control.capacity import check_capacity
 from pgcarve.control.collector import Collector, Target
 from pgcarve.control.endpoints import instance_endpoints
-from pgcarve.control.failover import Failover
 from pgcarve.control.fleet import Fleet, Instance, Progress
 from pgcarve.control.fleet_view import FleetView
 from pgcarve.control.leadership import Leadership
@@ -30,6 +28,7 @@ from pgcarve.control.rates import RateTracker, Snapshot
 from pgcarve.control.removal import discard_half_made
 from pgcarve.control.retired import retired_doc, retired_instances
 from pgcarve.control.retirement import finish_interrupted, purge
+from pgcarve.control.role_changes import run_role_change
 from pgcarve.control.scaler import Scaler
 from pgcarve.control.supervisor import Incident, Supervisor
 from pgcarve.control.switchover import Switchover
@@ -428,30 +427,15 @@ class ManagerService:
         what was done, in words."""
         name, to = str(op.params["instance"]), op.params.get("to")
         provisioner = self.scaler.provisioner
-        result: dict[str, object]
         with self.fleet.locks.exclusive(op.target, f"{op.kind} by hand"):
             inst = self.fleet.instance(name)
             if to is not None and inst.primary is not None and inst.primary.name == to:
                 self.operations.update(op, result={"new_primary": to})
                 return f"{to} is already the primary of {name}"
-            if self.fleet.patroni is not None:
-                change = (patroni_hand.switchover(self.fleet, inst, str(to) if to else None, progress)
-                          if op.kind == "switchover" else
-                          patroni_hand.failover(self.fleet, inst, str(to) if to else None,
-                                                bool(op.params.get("force")), progress))
-                result, message = change.result, change.message
-            elif op.kind == "switchover":
-                done = Switchover(self.fleet, provisioner).run(inst, str(to) if to else None, progress)
-                result = {"new_primary": done.new_primary, "host": done.host, "write_pause_s": done.write_pause_s}
-                message = done.message
-            else:
-                outcome = Failover(self.fleet, provisioner).run(inst, str(to) if to else None,
-                                                                forced=bool(op.params.get("force")), progress=progress)
-                result = {"new_primary": outcome.new_primary, "host": outcome.host, "proven": outcome.proven,
-                          "may_be_missing": outcome.may_be_missing, "reason": outcome.reason}
-                message = outcome.message
-        self.operations.update(op, result=result)
-        return message
+            change = run_role_change(self.fleet, provisioner, inst, op.kind, str(to) if to else None,
+                                     bool(op.params.get("force")), progress)
+        self.operations.update(op, result=change.result)
+        return change.message
 
     def wait_idle(self, timeout_s: float) -> bool:
         return self.operations.wait_idle(timeout_s)

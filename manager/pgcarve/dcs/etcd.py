@@ -75,8 +75,9 @@ class Probe:
 
 @dataclass(frozen=True)
 class KeyValue:
-    """One key as a range read returned it. `lease` is "0" when the key has none (Patroni's
-    leader and member keys have one: they vanish when their owner stops renewing it)."""
+    """One key as etcd holds it. `lease` is "0" when the key has none (Patroni's leader and member
+    keys have one: they vanish when their owner stops renewing it). `create_revision` changes only
+    when the key is made anew, so it names one incarnation of a key (one leader's term)."""
 
     key: str
     value: str
@@ -143,6 +144,7 @@ class EtcdClient:
         self.config = config
         self.timeout_s = timeout_s if timeout_s is not None else config.timeout_s
         self._http = httpx.Client(verify=self._tls(), timeout=self.timeout_s)
+        self._answering = 0  # the endpoint that answered last: asked first next time
 
     def _tls(self) -> ssl.SSLContext:
         files = {"ca_file": self.config.ca_file, "cert_file": self.config.cert_file, "key_file": self.config.key_file}
@@ -236,12 +238,18 @@ class EtcdClient:
         raise last or DcsUnavailable("no etcd endpoint to ask")
 
     def _first_answer(self, path: str, body: Mapping[str, Any]) -> Mapping[str, Any]:
+        """`path` asked of the member that answered last, then of the others in turn."""
+        endpoints = self.config.endpoints
         last: DcsUnavailable | None = None
-        for endpoint in self.config.endpoints:
+        for i in range(len(endpoints)):
+            index = (self._answering + i) % len(endpoints)
             try:
-                return self._post(endpoint, path, body)
+                doc = self._post(endpoints[index], path, body)
             except DcsUnavailable as exc:
                 last = exc
+                continue
+            self._answering = index
+            return doc
         raise last or DcsUnavailable("no etcd endpoint to ask")
 
     def range_prefix(self, prefix: str) -> KeyRange:
@@ -293,35 +301,6 @@ class EtcdClient:
 
 
 @dataclass(frozen=True)
-class KeyValue:
-    """One key as etcd holds it. `create_revision` changes only when the key is made anew, so it
-    names one incarnation of a key (one leader's term)."""
-
-    key: str
-    value: str
-    create_revision: int
-    mod_revision: int
-    lease: str  # "0": no lease
-
-
-def _b64(text: str) -> str:
-    return base64.b64encode(text.encode()).decode()
-
-
-def _unb64(text: Any) -> str:
-    try:
-        return base64.b64decode(str(text or "")).decode()
-    except (ValueError, UnicodeDecodeError):
-        return ""
-
-
-def _key_value(raw: Mapping[str, Any]) -> KeyValue:
-    return KeyValue(key=_unb64(raw.get("key")), value=_unb64(raw.get("value")),
-                    create_revision=_as_int(raw.get("create_revision")), mod_revision=_as_int(raw.get("mod_revision")),
-                    lease=str(raw.get("lease", "0")))
-
-
-@dataclass(frozen=True)
 class Compare:
     """One condition of a transaction: the key's create or mod revision equals `revision`
     (0: the key does not exist)."""
@@ -332,7 +311,7 @@ class Compare:
 
     def body(self) -> dict[str, str]:
         field = "create_revision" if self.target == "CREATE" else "mod_revision"
-        return {"key": _b64(self.key), "target": self.target, field: str(self.revision), "result": "EQUAL"}
+        return {"key": _b64(self.key.encode()), "target": self.target, field: str(self.revision), "result": "EQUAL"}
 
 
 class EtcdKv:
@@ -342,24 +321,12 @@ class EtcdKv:
 
     def __init__(self, client: EtcdClient):
         self.client = client
-        self._answering = 0  # the endpoint that answered last is asked first (a dead member costs a timeout)
 
     def _post_any(self, path: str, body: Mapping[str, Any]) -> Mapping[str, Any]:
-        endpoints = self.client.config.endpoints
-        last: DcsUnavailable | None = None
-        for i in range(len(endpoints)):
-            index = (self._answering + i) % len(endpoints)
-            try:
-                doc = self.client._post(endpoints[index], path, body)
-            except DcsUnavailable as exc:
-                last = exc
-                continue
-            self._answering = index
-            return doc
-        raise last or DcsUnavailable("no etcd endpoint to ask")
+        return self.client._first_answer(path, body)
 
     def get(self, key: str) -> KeyValue | None:
-        kvs = self._post_any("/v3/kv/range", {"key": _b64(key)}).get("kvs") or ()
+        kvs = self._post_any("/v3/kv/range", {"key": _b64(key.encode())}).get("kvs") or ()
         return _key_value(kvs[0]) if kvs else None
 
     def grant(self, ttl_s: int) -> str:
@@ -390,10 +357,10 @@ class EtcdKv:
         comparison holds, all at once; returns whether it did."""
         success: list[dict[str, Any]] = []
         for key, value in puts.items():
-            put: dict[str, Any] = {"key": _b64(key), "value": _b64(value)}
+            put: dict[str, Any] = {"key": _b64(key.encode()), "value": _b64(value.encode())}
             if key in lease_keys:
                 put["lease"] = lease
             success.append({"request_put": put})
-        success += [{"request_delete_range": {"key": _b64(key)}} for key in deletes]
+        success += [{"request_delete_range": {"key": _b64(key.encode())}} for key in deletes]
         doc = self._post_any("/v3/kv/txn", {"compare": [c.body() for c in compares], "success": success})
         return bool(doc.get("succeeded"))
