@@ -74,14 +74,18 @@ def guest_lane() -> list[Step]:
         # What the tests print or log (detection and recovery times, commits kept, Terraform's
         # commands) is kept in the guest lane's report under tests/output/, not repeated here.
         pytest_step("guest tests", "guests", ["tests/integration", "-m", "integration", "-v", "--durations=10",
-                                              "-o", "junit_logging=all", f"--ignore={ADVICE_TEST}"]),
+                                              "-o", "junit_logging=all",
+                                              *(f"--ignore={test}" for test in OWN_SANDBOX_TESTS)]),
     ]
 
 
-# The advisor's test boots a sandbox and fleets of its own and shares nothing with the guest lane's:
-# it runs in the local lane once that lane's other steps are done (at its lower CPU priority, in the
-# time the guest lane leaves idle), rather than adding its minutes to the guest lane's.
+# The advisor's test and Patroni's each boot a sandbox and a fleet of their own and share nothing
+# with the guest lane's: they run in the local lane once that lane's other steps are done (at its
+# lower CPU priority, in the time the guest lane leaves idle), rather than adding their minutes to
+# the guest lane's.
 ADVICE_TEST = "tests/integration/test_advise.py"
+PATRONI_TEST = "tests/integration/test_patroni.py"
+OWN_SANDBOX_TESTS = (PATRONI_TEST, ADVICE_TEST)
 
 
 # The unit tests of the Terraform module run its terraform and tflint: after the tools' build,
@@ -97,12 +101,13 @@ def local_lane() -> list[Step]:
         pytest_step("local tests", "local",
                     [NEEDS_TOOLS, "tests/integration", "tests/browser", "tests/monitoring", "-m", "not integration",
                      "-q", "--durations=10"]),
-        advice_step(),
+        own_sandbox_step(),
     ]
 
 
-def advice_step() -> Step:
-    step = pytest_step("advice test (guests)", "local", [ADVICE_TEST, "-m", "integration", "-v"])
+def own_sandbox_step() -> Step:
+    step = pytest_step("own-sandbox tests (guests)", "local",
+                       [*OWN_SANDBOX_TESTS, "-m", "integration", "-v", "-s", "-o", "junit_logging=all"])
     step.needs_image = True
     return step
 
