@@ -153,7 +153,7 @@ def create_app(settings: Settings | None = None, service: ManagerService | None 
         etcd_watch = EtcdWatch(etcd) if etcd is not None and settings.collect else None
         if etcd_watch is not None:
             etcd_watch.start()
-        app.state.registry = build_registry(app.state.service, etcd_watch)
+        app.state.registry = build_registry(app.state.service, etcd_watch, app.state.service.fleet.patroni)
         stop = asyncio.Event()
         collector = asyncio.create_task(app.state.service.run_collector(stop))
         try:

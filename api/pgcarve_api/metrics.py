@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from pgcarve.control.collector import Target
+from pgcarve.control.patroni_roles import PatroniClusters
 from pgcarve.control.rates import Sample
 from pgcarve.control.service import ManagerService
 from pgcarve.dcs.watch import EtcdWatch
@@ -26,6 +27,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector, CollectorRegistry
 
 from pgcarve_api.etcd_metrics import EtcdMetrics
+from pgcarve_api.patroni_metrics import PatroniMetrics
 
 Family = CounterMetricFamily | GaugeMetricFamily
 
@@ -342,9 +344,12 @@ class FleetMetrics(Collector):
         yield failover
 
 
-def build_registry(service: ManagerService, etcd: EtcdWatch | None = None) -> CollectorRegistry:
+def build_registry(service: ManagerService, etcd: EtcdWatch | None = None,
+                   patroni: PatroniClusters | None = None) -> CollectorRegistry:
     registry = CollectorRegistry()
     registry.register(FleetMetrics(service))
     if etcd is not None:
         registry.register(EtcdMetrics(etcd))
+    if patroni is not None:
+        registry.register(PatroniMetrics(patroni))
     return registry

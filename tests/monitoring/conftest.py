@@ -6,13 +6,15 @@ from __future__ import annotations
 import subprocess
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import httpx
 import pgcarve.dcs.watch
 import pytest
 from pgcarve.control.service import ManagerService
+from pgcarve.dcs.etcd import KeyValue
+from pgcarve.patroni.view import ClusterView, cluster_views
 
 from tests.support.domains import instance_names
 from tests.support.etcd import CONFIG as ETCD_CONFIG
@@ -20,6 +22,7 @@ from tests.support.etcd import FakeEtcdClient, cluster
 from tests.support.fakes import FakeCollector, FakeSupervisor, standby
 from tests.support.live_api import LiveApi, serve_live_api
 from tests.support.prometheus import tool
+from tests.unit.test_patroni_view import recorded
 
 INSTANCES = instance_names(3)
 
@@ -42,6 +45,38 @@ def promtool(*args: str, stdin: str | None = None) -> subprocess.CompletedProces
     return subprocess.run([tool("promtool"), *args], input=stdin, capture_output=True, text=True, timeout=120)
 
 
+class RecordedPatroni:
+    """Patroni's keys as a real Patroni 4.0 wrote them (tests/data/patroni), one steady cluster per
+    instance: what /metrics shows under replication.roles: patroni. The recording's leader was
+    pgc-01-s1; its members' names are swapped so that each instance is led by its first guest, as
+    the test driver's instances are."""
+
+    def __init__(self) -> None:
+        kvs: list[KeyValue] = []
+        revision = 0
+        for name in INSTANCES:
+            found, revision = recorded("patroni-4.0.7", "steady")
+
+            def rename(text: str, name: str = name) -> str:
+                return text.replace("pgc-01-s1", "@").replace("pgc-01", f"{name}-s1").replace("@", name)
+
+            scope = "/service/pgc-01/"
+            kvs += [replace(kv, key=f"/service/{name}/{rename(kv.key.removeprefix(scope))}", value=rename(kv.value))
+                    for kv in found]
+        self.views = cluster_views(kvs, revision)
+
+    def last_read(self) -> tuple[dict[str, ClusterView], float | None]:
+        return self.views, 1.0
+
+    def leader(self, instance: str, fresh: bool = False) -> str | None:
+        view = self.views.get(instance)
+        return view.leader if view is not None else None
+
+
+def recorded_patroni() -> RecordedPatroni:
+    return RecordedPatroni()
+
+
 @pytest.fixture
 def monitored(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Monitored]:
     """Three running instances (pgc-01..03) on host h1, nothing wrong with them yet; an etcd of
@@ -53,6 +88,7 @@ def monitored(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Monit
     monkeypatch.setattr(pgcarve.dcs.watch, "POLL_INTERVAL_S", 0.2)
 
     def install(service: ManagerService) -> None:
+        service.fleet.patroni = recorded_patroni()  # type: ignore[assignment]
         service.collector = collector  # type: ignore[assignment]
         service.supervisor = supervisor  # type: ignore[assignment]
         service.config = service.config.model_copy(update={"etcd": ETCD_CONFIG})

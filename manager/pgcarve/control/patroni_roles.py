@@ -57,6 +57,12 @@ class PatroniClusters:
                 self._read_at = time.monotonic()
             return self._views.get(instance)
 
+    def last_read(self) -> tuple[dict[str, ClusterView], float | None]:
+        """Every instance's view as last read (the listing refreshes it every couple of seconds),
+        and when (monotonic; None before the first read): for /metrics, which never asks etcd."""
+        with self._guard:
+            return dict(self._views), (self._read_at if self._read_at > 0 else None)
+
     def leader(self, instance: str, fresh: bool = False) -> str | None:
         """The guest holding `instance`'s leader key; None when none does or etcd does not answer."""
         view = self.view(instance, fresh)
