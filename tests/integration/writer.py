@@ -9,6 +9,7 @@ time.
 
 from __future__ import annotations
 
+import itertools
 import threading
 import time
 import uuid
@@ -38,6 +39,7 @@ class AckedWriter:
         self.max_seconds = max_seconds
         self.acked: list[int] = []
         self.errors: list[str] = []
+        self.acked_at: list[float] = []  # when each acknowledgement came (monotonic)
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name=f"writer-{self.writer_id}", daemon=True)
@@ -61,6 +63,13 @@ class AckedWriter:
     def count(self) -> int:
         with self._lock:
             return len(self.acked)
+
+    def longest_gap(self, since: float) -> float:
+        """The longest time without an acknowledgement from `since` (monotonic) to the latest one:
+        the write pause an application saw."""
+        with self._lock:
+            times = [since, *(t for t in self.acked_at if t > since)]
+        return max((b - a for a, b in itertools.pairwise(times)), default=0.0)
 
     def wait_for_acks(self, more: int, timeout_s: float, what: str) -> None:
         """Wait until `more` further commits are acknowledged."""
@@ -106,6 +115,7 @@ class AckedWriter:
                 continue
             with self._lock:
                 self.acked.append(seq)
+                self.acked_at.append(time.monotonic())
             self._stop.wait(self.pace_s)
         if conn is not None:
             conn.close()
