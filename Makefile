@@ -33,7 +33,7 @@ APT_PACKAGES := qemu-system-x86 qemu-utils libvirt-daemon-system libvirt-clients
 	postgresql-15 postgresql-client iproute2 openssh-server python3-venv python3-dev ca-certificates chromium prometheus linux-perf \
 	etcd-server etcd-client patroni
 
-.PHONY: help deps apt venv constraints image vendor tools demo down test test-faults lint unit integration bench clean
+.PHONY: help deps apt venv constraints image vendor tools demo down test test-faults test-patroni lint unit integration bench clean
 
 help:
 	@echo "make demo   - install, build the guest image, start a $(DEMO_HOSTS)-host sandbox, carve $(DEMO_INSTANCES) instances,"
@@ -42,6 +42,7 @@ help:
 	@echo "make test   - install, then two lanes: the tests that boot guests, and beside them lint, unit,"
 	@echo "              local PostgreSQL, browser and monitoring tests; ends with where the time went"
 	@echo "make test-faults - only the fault tests (primary/standby killed, disk full, restarts)"
+	@echo "make test-patroni - Patroni deciding roles (replication.roles: patroni) on a sandbox of its own"
 	@echo "make bench  - benchmarks (see README)"
 
 ## --- installation -------------------------------------------------------------------------
@@ -120,6 +121,11 @@ test:
 # The fault tests alone (make test runs them too): their own sandbox, an instance, then the faults.
 test-faults: deps image
 	$(PY) -m pytest tests/integration/test_faults.py -q
+
+# Not in `make test` yet: its three guests under a writer for minutes, beside the suite's own, take
+# it past its time budget; it joins when the HA loop's tests it replaces go (issue 30).
+test-patroni: deps image
+	$(PY) -m pytest tests/integration/test_patroni.py -m integration -v -s
 
 bench: deps image
 	$(PY) -m bench $(BENCH_ARGS)

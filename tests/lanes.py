@@ -75,17 +75,17 @@ def guest_lane() -> list[Step]:
         # commands) is kept in the guest lane's report under tests/output/, not repeated here.
         pytest_step("guest tests", "guests", ["tests/integration", "-m", "integration", "-v", "--durations=10",
                                               "-o", "junit_logging=all",
-                                              *(f"--ignore={test}" for test in OWN_SANDBOX_TESTS)]),
+                                              *(f"--ignore={test}" for test in (*OWN_SANDBOX_TESTS, PATRONI_TEST))]),
     ]
 
 
-# The advisor's test and Patroni's each boot a sandbox and a fleet of their own and share nothing
-# with the guest lane's: they run in the local lane once that lane's other steps are done (at its
-# lower CPU priority, in the time the guest lane leaves idle), rather than adding their minutes to
-# the guest lane's.
+# The advisor's test boots a sandbox and fleets of its own and shares nothing with the guest lane's:
+# it runs in the local lane once that lane's other steps are done (at its lower CPU priority, in the
+# time the guest lane leaves idle), rather than adding its minutes to the guest lane's. Patroni's
+# (`make test-patroni`) is not part of the run yet: see the Makefile.
 ADVICE_TEST = "tests/integration/test_advise.py"
 PATRONI_TEST = "tests/integration/test_patroni.py"
-OWN_SANDBOX_TESTS = (PATRONI_TEST, ADVICE_TEST)
+OWN_SANDBOX_TESTS = (ADVICE_TEST,)
 
 
 # The unit tests of the Terraform module run its terraform and tflint: after the tools' build,

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING
 
 from pgcarve.control.removal import discard_half_made
 from pgcarve.control.retirement import finish_interrupted
-from pgcarve.errors import PgcarveError
+from pgcarve.errors import NotLeader, PgcarveError
 
 if TYPE_CHECKING:
     from pgcarve.control.service import ManagerService
@@ -58,10 +58,18 @@ class Terms:
         with self._lock:
             try:
                 with service.leadership.acting():  # every step below is fenced at `epoch`
-                    for what in finish_interrupted(service.fleet):
-                        log.warning("%s, left half-way by the previous leader", what)
-                    for what in discard_half_made(service.fleet):
-                        log.warning("removed %s, left by the previous leader in the middle of an operation", what)
+                    try:
+                        for what in finish_interrupted(service.fleet):
+                            log.warning("%s, left half-way by the previous leader", what)
+                        for what in discard_half_made(service.fleet):
+                            log.warning("removed %s, left by the previous leader in the middle of an operation", what)
+                    except NotLeader:
+                        raise
+                    except PgcarveError as exc:
+                        # A host that does not answer (lost: the very fault a new leader may have to
+                        # repair) must not keep the HA loop from starting; what it holds is looked
+                        # at again by the next leader's start.
+                        log.error("could not check for half-made instances: %s; acting on the fleet anyway", exc)
                     service.refresh()
                     for op in service.operations.resume():
                         log.warning("resuming operation %s (%s %d) left unfinished by the previous leader",
