@@ -132,10 +132,10 @@ def create_app(settings: Settings | None = None, service: ManagerService | None 
         if owned:
             config = load_fleet_config(settings.hosts_file_path())
             leadership = None
-            if config.etcd is not None:
+            if config.etcd is not None and config.etcd.manager_lease:
                 leadership = Leadership(config.etcd, config.fleet, url=app.state.url)
             else:
-                log.warning("no etcd section in %s: this manager acts alone, with no standby; one manager per "
+                log.warning("no etcd.manager_lease in %s: this manager acts alone, with no standby; one manager per "
                             "state directory (an flock on %s/manager.lock)", settings.hosts_file_path(),
                             paths.state_dir)
             app.state.service = ManagerService(config, paths, refresh_s=settings.refresh_s, leadership=leadership,

@@ -39,7 +39,7 @@ def serve(settings: Settings) -> int:
     # first over the same guests (discard what it builds, repair what it removes), so it is refused.
     # With etcd, servers share the lock and the fleet's lease decides which one acts
     # (control/leadership.py); `pgcarve up` and the like are still refused while any runs.
-    lock = ManagerLock(paths.state_dir, "pgcarve serve", shared=config.etcd is not None)
+    lock = ManagerLock(paths.state_dir, "pgcarve serve", shared=config.etcd is not None and config.etcd.manager_lease)
     lock.acquire()
     fleet = Fleet(config, paths)
     try:

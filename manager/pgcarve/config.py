@@ -161,6 +161,12 @@ class EtcdConfig(BaseModel):
     cert_file: str = Field(description="the manager's client certificate (clientAuth), signed by a CA etcd trusts")
     key_file: str = Field(description="its private key (mode 0600)")
     timeout_s: float = Field(3.0, ge=0.2, le=60, description="how long one request to one member may take")
+    manager_lease: bool = Field(
+        False,
+        description="several `pgcarve serve` share the fleet, one acting, through a lease in this etcd; off: one "
+                    "manager per state directory (an flock). Off by default while the manager's own HA loop decides "
+                    "roles: with the lease a manager stops acting when etcd loses its quorum, which losing two of "
+                    "three hosts that also run etcd does, and that is when the HA loop has work to do")
 
     @field_validator("endpoints", "guest_endpoints")
     @classmethod

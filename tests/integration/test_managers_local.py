@@ -53,7 +53,7 @@ def env_for(tmp_path: Path, etcd: EtcdConfig, state: str) -> dict[str, str]:
     hosts = tmp_path / "hosts.yaml"
     hosts.write_text(yaml.safe_dump({"replication": {"standbys": 0}, "fleet": fleet_of(tmp_path),
                                      "hosts": [{"name": "h1", "uri": "test:///default"}],
-                                     "etcd": etcd.model_dump()}))
+                                     "etcd": {**etcd.model_dump(), "manager_lease": True}}))
     env = {k: v for k, v in os.environ.items() if not k.startswith("PGCARVE_")}
     env.update(PGCARVE_STATE_DIR=str(tmp_path / state), PGCARVE_HOSTS_FILE=str(hosts),
                PGCARVE_IMAGE_DIR=str(tmp_path / "no-image"), PGCARVE_COLLECT="0", PGCARVE_SUPERVISE="0",
