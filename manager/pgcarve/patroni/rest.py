@@ -26,7 +26,7 @@ from urllib.parse import urlsplit
 import httpx
 
 from pgcarve.errors import ConfigError, PatroniRefused, PatroniUnavailable
-from pgcarve.patroni.view import PRIMARY_ROLES
+from pgcarve.patroni.view import PRIMARY_ROLES, _int
 
 READ_TIMEOUT_S = 5.0
 COMMAND_TIMEOUT_S = 60.0  # above Patroni's own wait for a switchover's outcome (20 s with loop_wait <= 10)
@@ -88,15 +88,6 @@ class ClusterStatus:
     @property
     def leader(self) -> str | None:
         return next((m.name for m in self.members if m.role in ("leader", "standby_leader")), None)
-
-
-def _int(value: Any) -> int | None:
-    if isinstance(value, bool):
-        return None
-    try:
-        return int(value)
-    except (TypeError, ValueError):
-        return None
 
 
 def _object(value: Any) -> Mapping[str, Any]:
