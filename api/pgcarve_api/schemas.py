@@ -54,6 +54,26 @@ class EndpointsOut(BaseModel):
     ro: str = Field(description="a standby if one answers, else the primary: target_session_attrs=prefer-standby")
 
 
+class PatroniMemberOut(BaseModel):
+    name: str = Field(description="the guest")
+    role: str = Field(description="Patroni's: primary (3.0 says master), replica, standby_leader")
+    state: str = Field(description="running, starting, stopped, crashed, creating replica, ...")
+    timeline: int | None
+    lag_bytes: int | None = Field(description="behind the leader's last position (null for the leader, or unknown)")
+
+
+class PatroniOut(BaseModel):
+    """Under `replication.roles: patroni`: the instance as Patroni's keys in etcd say, as last read."""
+
+    leader: str | None = Field(description="the guest holding the leader key; null: none (commits stop)")
+    synchronous: list[str] = Field(description="the standbys Patroni made synchronous")
+    synchronous_mode: str | None = Field(description="on, quorum or off (null before the cluster bootstrapped)")
+    timeline: int | None
+    paused: bool = Field(description="Patroni is paused: no automatic failover")
+    members: list[PatroniMemberOut]
+    problem: str | None = Field(description="what is wrong, in words; null when nothing is")
+
+
 class InstanceOut(BaseModel):
     name: str
     primary: str | None = Field(None, description="the guest that is primary now (under Patroni: the holder of "
@@ -69,6 +89,8 @@ class InstanceOut(BaseModel):
     writes: str = Field("unknown", description="whether commits are accepted now, and if not, why")
     incident: str | None = Field(None, description="the latest fault not recovered yet, if any")
     standbys: list[StandbyOut]
+    patroni: PatroniOut | None = Field(None, description="under Patroni: its leader, synchronous standbys, "
+                                       "timeline and members (null when the manager decides roles)")
     retired_at: float | None = Field(None, description="retired instances: when (unix time); their disks are kept")
     disk_mib: int | None = Field(None, description="retired instances: space their kept disks take")
 

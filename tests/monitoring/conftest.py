@@ -6,23 +6,21 @@ from __future__ import annotations
 import subprocess
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
 
 import httpx
 import pgcarve.dcs.watch
 import pytest
 from pgcarve.control.service import ManagerService
-from pgcarve.dcs.etcd import KeyValue
-from pgcarve.patroni.view import ClusterView, cluster_views
 
 from tests.support.domains import instance_names
 from tests.support.etcd import CONFIG as ETCD_CONFIG
 from tests.support.etcd import FakeEtcdClient, cluster
 from tests.support.fakes import FakeCollector, FakeSupervisor, standby
 from tests.support.live_api import LiveApi, serve_live_api
+from tests.support.patroni_recorded import recorded_patroni
 from tests.support.prometheus import tool
-from tests.unit.test_patroni_view import recorded
 
 INSTANCES = instance_names(3)
 
@@ -43,38 +41,6 @@ class Monitored:
 
 def promtool(*args: str, stdin: str | None = None) -> subprocess.CompletedProcess[str]:
     return subprocess.run([tool("promtool"), *args], input=stdin, capture_output=True, text=True, timeout=120)
-
-
-class RecordedPatroni:
-    """Patroni's keys as a real Patroni 4.0 wrote them (tests/data/patroni), one steady cluster per
-    instance: what /metrics shows under replication.roles: patroni. The recording's leader was
-    pgc-01-s1; its members' names are swapped so that each instance is led by its first guest, as
-    the test driver's instances are."""
-
-    def __init__(self) -> None:
-        kvs: list[KeyValue] = []
-        revision = 0
-        for name in INSTANCES:
-            found, revision = recorded("patroni-4.0.7", "steady")
-
-            def rename(text: str, name: str = name) -> str:
-                return text.replace("pgc-01-s1", "@").replace("pgc-01", f"{name}-s1").replace("@", name)
-
-            scope = "/service/pgc-01/"
-            kvs += [replace(kv, key=f"/service/{name}/{rename(kv.key.removeprefix(scope))}", value=rename(kv.value))
-                    for kv in found]
-        self.views = cluster_views(kvs, revision)
-
-    def last_read(self) -> tuple[dict[str, ClusterView], float | None]:
-        return self.views, 1.0
-
-    def leader(self, instance: str, fresh: bool = False) -> str | None:
-        view = self.views.get(instance)
-        return view.leader if view is not None else None
-
-
-def recorded_patroni() -> RecordedPatroni:
-    return RecordedPatroni()
 
 
 @pytest.fixture

@@ -428,7 +428,20 @@
       b.title = inst.incident;
       wrap.append(" ", b);
     }
+    if (inst.patroni) wrap.append(" ", patroniBadge(inst.patroni));
     return wrap;
+  }
+
+  // Under Patroni: its timeline when all is well, else what is wrong; the title lists every member.
+  function patroniBadge(p) {
+    const b = badge(p.problem ? (p.leader ? "patroni: " + p.problem.split(":")[0] : "no leader")
+      : `timeline ${p.timeline ?? "?"}`, p.problem ? "bad" : "ok");
+    b.setAttribute("data-testid", "patroni");
+    const members = p.members.map((m) => `${m.name}: ${m.role}, ${m.state}, timeline ${m.timeline ?? "?"}`
+      + (m.lag_bytes ? `, ${humanBytes(m.lag_bytes)} behind` : ""));
+    b.title = [p.problem || `Patroni: leader ${p.leader}, synchronous ${p.synchronous.join(", ") || "none"}`
+      + ` (${p.synchronous_mode})`, ...members].join("\n");
+    return b;
   }
 
   /** Problems first when sorted ascending: not running, writes waiting, being repaired, fine. */
@@ -436,7 +449,7 @@
     if (inst.state === "retired") return 4;
     if (inst.state !== "running") return 0;
     if (inst.writes && inst.writes.startsWith("waiting")) return 1;
-    if (inst.incident) return 2;
+    if (inst.incident || (inst.patroni && inst.patroni.problem)) return 2;
     return 3;
   }
 
@@ -501,7 +514,7 @@
     // The application's URI (follows failover); the admin DSN for an instance without endpoints yet.
     c.name.firstChild.title = (inst.endpoints && inst.endpoints.rw) || inst.dsn || "";
     setText(c.host, inst.host || "—");
-    const stateKey = `${inst.state}|${inst.writes}|${inst.incident}`;
+    const stateKey = `${inst.state}|${inst.writes}|${inst.incident}|${JSON.stringify(inst.patroni || null)}`;
     if (row.stateKey !== stateKey) { row.stateKey = stateKey; c.state.replaceChildren(stateCell(inst)); }
     setText(c.cpus.firstChild, cpus.length ? cpuset(cpus) : "—");
     c.cpus.firstChild.title = `${cpus.length} vCPU(s)`;
@@ -509,6 +522,7 @@
     const standbysKey = JSON.stringify(inst.standbys || []);
     if (row.standbysKey !== standbysKey) { row.standbysKey = standbysKey; c.standbys.replaceChildren(standbyCell(inst.standbys)); }
     row.filterText = [inst.name, inst.host, inst.state, inst.writes, inst.incident, cpuset(cpus),
+      inst.patroni && (inst.patroni.problem || inst.patroni.leader),
       ...(inst.standbys || []).flatMap((s) => [s.name, s.host, s.state, s.sync_state])]
       .filter(Boolean).join(" ").toLowerCase();
   }

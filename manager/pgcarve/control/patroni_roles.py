@@ -76,3 +76,27 @@ class PatroniClusters:
             log.info("%s: removed its %d Patroni key(s) from etcd", instance, deleted)
         with self._guard:
             self._views.pop(instance, None)
+
+
+def patroni_doc(view: ClusterView | None, error: str | None) -> dict[str, object]:
+    """What an operator reads first about one instance under Patroni (the API's `patroni` field and
+    the dashboard): who leads, which standbys are synchronous, the timeline, each member's state;
+    with `problem` saying in words what is wrong, or None."""
+    if view is None:
+        missing = f"etcd cannot be read: {error}" if error else "no Patroni keys in etcd for this instance yet"
+        return {"leader": None, "synchronous": [], "synchronous_mode": None, "timeline": None, "paused": False,
+                "members": [], "problem": missing}
+    members = [{"name": guest_of_member(m.name), "role": m.role, "state": m.state, "timeline": m.timeline,
+                "lag_bytes": m.lag_bytes} for m in view.members]
+    synchronous = [guest_of_member(s) for s in view.synchronous_standbys]
+    mode = view.settings.synchronous_mode if view.settings is not None else None
+    problem: str | None = None
+    if view.leader is None:
+        problem = "no leader: nobody holds the leader key, commits are not accepted"
+    elif not synchronous and mode not in (None, "off"):
+        problem = "no synchronous standby: commits wait until one is chosen (strict mode)"
+    elif view.paused:
+        problem = "paused: Patroni does not fail over (patronictl resume)"
+    return {"leader": guest_of_member(view.leader) if view.leader else None, "synchronous": synchronous,
+            "synchronous_mode": mode, "timeline": view.timeline, "paused": view.paused, "members": members,
+            "problem": problem}

@@ -24,6 +24,7 @@ from pgcarve.control.fleet_view import FleetView
 from pgcarve.control.leadership import Leadership
 from pgcarve.control.listing import Listing
 from pgcarve.control.operations import Operation, OperationQueue
+from pgcarve.control.patroni_roles import patroni_doc
 from pgcarve.control.rates import RateTracker, Snapshot
 from pgcarve.control.removal import discard_half_made
 from pgcarve.control.retired import retired_doc, retired_instances
@@ -283,7 +284,17 @@ class ManagerService:
             "endpoints": asdict(endpoints) if not building and (endpoints := instance_endpoints(self.fleet, inst))
             else None,
             "standbys": standbys,
+            "patroni": self._patroni_doc(inst.name),
         }
+
+    def _patroni_doc(self, name: str) -> dict[str, Any] | None:
+        """Patroni's view of the instance as last read (the listing just refreshed it); None when the
+        manager decides roles."""
+        patroni = self.fleet.patroni
+        if patroni is None:
+            return None
+        views, _ = patroni.last_read()
+        return patroni_doc(views.get(name), patroni.error)
 
     def _writes(self, inst: Instance, rows: dict[str, StandbyState]) -> str:
         """Can the primary commit now? In words, for an operator."""

@@ -26,7 +26,7 @@ from urllib.parse import urlsplit
 import httpx
 
 from pgcarve.errors import ConfigError, PatroniRefused, PatroniUnavailable
-from pgcarve.patroni.view import PRIMARY_ROLES, _int
+from pgcarve.patroni.view import PRIMARY_ROLES, int_or_none
 
 READ_TIMEOUT_S = 5.0
 COMMAND_TIMEOUT_S = 60.0  # above Patroni's own wait for a switchover's outcome (20 s with loop_wait <= 10)
@@ -109,9 +109,9 @@ def member_status(doc: Mapping[str, Any]) -> MemberStatus:
         name=_text(patroni.get("name")), scope=_text(patroni.get("scope")),
         patroni_version=_text(patroni.get("version")),
         state=str(doc.get("state", "unknown")), role="primary" if role in PRIMARY_ROLES else role,
-        timeline=_int(doc.get("timeline")), server_version=_int(doc.get("server_version")),
-        wal_position=_int(xlog.get("location", xlog.get("received_location"))),
-        replayed_position=_int(xlog.get("replayed_location")), paused=bool(doc.get("pause")),
+        timeline=int_or_none(doc.get("timeline")), server_version=int_or_none(doc.get("server_version")),
+        wal_position=int_or_none(xlog.get("location", xlog.get("received_location"))),
+        replayed_position=int_or_none(xlog.get("replayed_location")), paused=bool(doc.get("pause")),
         sync_standby=bool(doc.get("sync_standby")), quorum_standby=bool(doc.get("quorum_standby")),
         failsafe_active=bool(doc.get("failsafe_mode_is_active")), cluster_unlocked=bool(doc.get("cluster_unlocked")),
         replication=replicas,
@@ -122,8 +122,8 @@ def cluster_status(doc: Mapping[str, Any]) -> ClusterStatus:
     """Parse GET /cluster's answer (3.0 and 4.0). Pure."""
     members = tuple(
         ClusterMember(name=str(m.get("name", "")), role=str(m.get("role", "")), state=str(m.get("state", "")),
-                      api_url=_text(m.get("api_url")), host=_text(m.get("host")), port=_int(m.get("port")),
-                      timeline=_int(m.get("timeline")), lag_bytes=_int(m.get("lag")))
+                      api_url=_text(m.get("api_url")), host=_text(m.get("host")), port=int_or_none(m.get("port")),
+                      timeline=int_or_none(m.get("timeline")), lag_bytes=int_or_none(m.get("lag")))
         for m in doc.get("members", ()) or () if isinstance(m, dict))
     return ClusterStatus(members, bool(doc.get("pause")))
 

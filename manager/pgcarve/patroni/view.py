@@ -196,7 +196,8 @@ def _json(value: str) -> Any:
         return None
 
 
-def _int(value: Any) -> int | None:
+def int_or_none(value: Any) -> int | None:
+    """An integer as Patroni wrote it (a number or its text); None for anything else, booleans included."""
     if isinstance(value, bool):
         return None
     try:
@@ -218,14 +219,14 @@ def _member(name: str, kv: KeyValue, leader_lsn: int | None, leader: str | None)
     if isinstance(data, str) or not isinstance(data, dict):
         data = {}  # Patroni reads an unparsable member as one with no data (and very old "postgres://" values)
     role = str(data.get("role", "unknown"))
-    wal = _int(data.get("xlog_location"))
+    wal = int_or_none(data.get("xlog_location"))
     lag = None
     if name != leader and wal is not None and leader_lsn is not None:
         lag = max(0, leader_lsn - wal)  # as Patroni's /cluster computes it
     tags = data.get("tags")
     return MemberView(
         name=name, role="primary" if role in PRIMARY_ROLES else role, state=str(data.get("state", "unknown")),
-        replication_state=_str(data.get("replication_state")), timeline=_int(data.get("timeline")),
+        replication_state=_str(data.get("replication_state")), timeline=int_or_none(data.get("timeline")),
         wal_position=wal, lag_bytes=lag, conn_url=_str(data.get("conn_url")), api_url=_str(data.get("api_url")),
         patroni_version=_str(data.get("version")), tags=_frozen(tags if isinstance(tags, dict) else {}),
         paused=bool(data.get("pause")), pending_restart=bool(data.get("pending_restart")), lease=kv.lease)
@@ -236,7 +237,7 @@ def _sync(value: str) -> SyncView | None:
     if not isinstance(data, dict) or not data.get("leader"):
         return None  # Patroni: an empty SyncState
     standbys = tuple(s.strip() for s in str(data.get("sync_standby") or "").split(",") if s.strip())
-    return SyncView(str(data["leader"]), standbys, _int(data.get("quorum")) or 0)
+    return SyncView(str(data["leader"]), standbys, int_or_none(data.get("quorum")) or 0)
 
 
 def _synchronous_mode(value: Any) -> str:
@@ -256,15 +257,16 @@ def _settings(value: str) -> SettingsView | None:
         synchronous_mode=_synchronous_mode(data.get("synchronous_mode")),
         synchronous_mode_strict=bool(data.get("synchronous_mode_strict")),
         failsafe_mode=bool(data.get("failsafe_mode")), paused=bool(data.get("pause")),
-        ttl=_int(data.get("ttl")), loop_wait=_int(data.get("loop_wait")), retry_timeout=_int(data.get("retry_timeout")),
-        maximum_lag_on_failover=_int(data.get("maximum_lag_on_failover")), raw=_frozen(data))
+        ttl=int_or_none(data.get("ttl")), loop_wait=int_or_none(data.get("loop_wait")),
+        retry_timeout=int_or_none(data.get("retry_timeout")),
+        maximum_lag_on_failover=int_or_none(data.get("maximum_lag_on_failover")), raw=_frozen(data))
 
 
 def _history(value: str) -> tuple[TimelineSwitch, ...]:
     data = _json(value)
     lines = []
     for line in data if isinstance(data, list) else []:
-        if not isinstance(line, list) or len(line) < 3 or _int(line[0]) is None or _int(line[1]) is None:
+        if not isinstance(line, list) or len(line) < 3 or int_or_none(line[0]) is None or int_or_none(line[1]) is None:
             continue
         lines.append(TimelineSwitch(int(line[0]), int(line[1]), str(line[2]),
                                     _str(line[3]) if len(line) > 3 else None,
@@ -276,11 +278,11 @@ def _status(status: str | None, legacy_optime: str | None) -> tuple[int | None, 
     data = _json(status) if status is not None else None
     if isinstance(data, dict):
         slots = data.get("slots")
-        clean = {str(k): v for k, v in slots.items() if _int(v) is not None} if isinstance(slots, dict) else {}
-        return _int(data.get("optime")), _frozen({k: int(v) for k, v in clean.items()})
+        clean = {str(k): v for k, v in slots.items() if int_or_none(v) is not None} if isinstance(slots, dict) else {}
+        return int_or_none(data.get("optime")), _frozen({k: int(v) for k, v in clean.items()})
     if isinstance(data, int):  # a bare LSN: the legacy form Patroni still reads
         return data, _frozen({})
-    return (_int(legacy_optime) if legacy_optime is not None else None), _frozen({})
+    return (int_or_none(legacy_optime) if legacy_optime is not None else None), _frozen({})
 
 
 def _pending(value: str) -> PendingSwitchover | None:
