@@ -33,6 +33,8 @@ from pgcarve.settings import Paths
 from tests.conftest import image_dir
 
 IT_STATE = Path(os.environ.get("PGCARVE_IT_STATE", "/var/tmp/pgcarve-it"))
+# The guests' consoles and the daemons' logs of each shared sandbox, kept after its teardown.
+SANDBOX_LOGS = Path(__file__).resolve().parents[1] / "output" / "sandbox-logs"
 TOKEN = "integration-test-token-" + "x" * 16
 
 
@@ -94,8 +96,13 @@ class CarveEnv:
                 stop_pid(self.server.pid, timeout_s=30)
         self.server = start_server(self.port, hosts_file or self.hosts_file, extra_env, self.paths.state_dir)
 
-    def teardown(self) -> list[str]:
-        """Stop the server, remove every guest, stop the sandbox; what is left (should be [])."""
+    def teardown(self, keep_logs: Path | None = None) -> list[str]:
+        """Stop the server, remove every guest, stop the sandbox; what is left (should be []).
+        With `keep_logs`, the guests' consoles and libvirt's and etcd's logs are copied there
+        first (before the guests are removed), for whoever reads a failure afterwards."""
+        if keep_logs is not None and self.sandbox.is_up():
+            shutil.rmtree(keep_logs, ignore_errors=True)
+            self.sandbox.copy_logs(keep_logs)
         if self.server.poll() is None:
             stop_pid(self.server.pid, timeout_s=20)
         if self.sandbox.is_up():
@@ -197,7 +204,7 @@ def carve_env() -> Iterator[CarveEnv]:
     def stop() -> None:
         etcd = [r for m in sandbox.etcd.members() if (r := sandbox.etcd.running(m)) is not None]
         try:
-            left = env.teardown()
+            left = env.teardown(keep_logs=SANDBOX_LOGS / "series")
         finally:
             shutil.rmtree(IT_STATE / "sandbox", ignore_errors=True)
         # An error in teardown if any guest, daemon or namespace survived.

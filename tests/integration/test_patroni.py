@@ -32,6 +32,7 @@ from pgcarve.processes import stop_pid
 from pgcarve.sandbox.faults import SandboxFaults
 
 from tests.integration.conftest import (
+    SANDBOX_LOGS,
     CarveEnv,
     clean_sandbox,
     free_port,
@@ -66,7 +67,7 @@ def env() -> Iterator[CarveEnv]:
     try:
         yield carve
     finally:
-        left = carve.teardown()
+        left = carve.teardown(keep_logs=SANDBOX_LOGS / "patroni")
         assert left == [], f"the Patroni sandbox's teardown left: {left}"
         namespaces = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True, check=True).stdout
         assert sandbox.tag not in namespaces, f"a namespace of sandbox {sandbox.tag} survived: {namespaces}"

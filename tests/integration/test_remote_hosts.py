@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 import time
@@ -37,7 +38,7 @@ from pgcarve.settings import Paths
 from psycopg.conninfo import make_conninfo
 
 from tests.conftest import image_dir
-from tests.integration.conftest import TOKEN, clean_sandbox, free_port, wait_for
+from tests.integration.conftest import SANDBOX_LOGS, TOKEN, clean_sandbox, free_port, wait_for
 from tests.integration.writer import AckedWriter, in_netns
 
 pytestmark = pytest.mark.integration
@@ -89,9 +90,12 @@ class Remote:
         response.raise_for_status()
         return response.json()
 
-    def teardown(self) -> list[str]:
+    def teardown(self, keep_logs: Path) -> list[str]:
         if self.server is not None and self.server.poll() is None:
             stop_pid(self.server.pid, timeout_s=30)
+        if self.sandbox.is_up():
+            shutil.rmtree(keep_logs, ignore_errors=True)
+            self.sandbox.copy_logs(keep_logs)
         if self.sandbox.is_up() and self.paths.sandbox_hosts_file.exists():
             fleet = Fleet(self.sandbox.backdoor(load_fleet_config(self.paths.sandbox_hosts_file)), self.paths)
             for inst in fleet.observe(with_endpoints=False):
@@ -111,7 +115,7 @@ def remote() -> Iterator[Remote]:
         sandbox.up(3, transport="ssh")
         yield env
     finally:
-        left = env.teardown()
+        left = env.teardown(keep_logs=SANDBOX_LOGS / "remote")
     assert left == [], f"the ssh sandbox's teardown left: {json.dumps(left)}"
     namespaces = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True, check=True).stdout
     assert sandbox.tag not in namespaces, f"a namespace of sandbox {sandbox.tag} survived: {namespaces}"

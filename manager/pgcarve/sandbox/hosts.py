@@ -371,8 +371,12 @@ class Sandbox:
 
     # -- down --------------------------------------------------------------------------------
 
-    def down(self, progress: Callable[[str], None] = lambda _m: None) -> None:
-        """Stop every guest, daemon, forward and namespace of this sandbox, by PID."""
+    def down(self, progress: Callable[[str], None] = lambda _m: None, keep_logs: Path | None = None) -> None:
+        """Stop every guest, daemon, forward and namespace of this sandbox, by PID. With
+        `keep_logs`, the guests' consoles (Patroni writes its log there too), libvirt's and etcd's
+        logs are copied there first: the sandbox's own directories go with it."""
+        if keep_logs is not None:
+            self.copy_logs(keep_logs)
         self.forwards.remove_all()
         self.etcd.down()
         for host in self.hosts():
@@ -404,6 +408,17 @@ class Sandbox:
         shutil.rmtree(self.socket_root, ignore_errors=True)
         shutil.rmtree(self.directory / "forwards", ignore_errors=True)
         (self.directory / "hosts.yaml").unlink(missing_ok=True)
+
+    def copy_logs(self, to: Path) -> None:
+        """Every host's libvirt log directory (qemu/<guest>.log, <guest>-console.log) and every etcd
+        member's log, under `to`/<host or member>/."""
+        for host in self.hosts():
+            if (host.directory / "log").is_dir():
+                shutil.copytree(host.directory / "log", to / host.name, dirs_exist_ok=True)
+        for member in self.etcd.members():
+            if (log := member.directory / "etcd.log").exists():
+                (to / f"etcd-{member.name}").mkdir(parents=True, exist_ok=True)
+                shutil.copy2(log, to / f"etcd-{member.name}" / "etcd.log")
 
     def leftovers(self) -> list[str]:
         """What of this sandbox still exists (empty when down left nothing behind)."""
