@@ -31,6 +31,7 @@ from pgcarve.control.service import ManagerService
 from pgcarve.errors import ConfigError
 from pgcarve.guest.tls import FleetCA, certificate_names, issue_server_certificate, new_ca
 from pgcarve.settings import Paths
+from pgcarve.statedir.layout import make_fleet_secrets
 from pgcarve_api.host_check import host_of
 from pgcarve_api.https import server_tls
 from pgcarve_api.listener import Listener, bind_listener, server_names
@@ -53,6 +54,7 @@ def fleet(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[ManagerSe
     keep_alive = reset_test_driver((1,))
     config = FleetConfig(hosts=[HostConfig(name="h1", uri="test:///default", role="primary")],
                          replication=Replication(standbys=0))
+    make_fleet_secrets(Paths(tmp_path / "state"))  # as `serve` makes them for a new fleet
     service = ManagerService(config, Paths(tmp_path / "state"), refresh_s=0.2, collect=False, supervise=False)
     service.start()
     yield service
