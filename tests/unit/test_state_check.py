@@ -170,12 +170,25 @@ def test_serve_refuses_before_it_makes_a_token_or_listens(fleet: Fleet, tmp_path
     assert not fleet.paths.server_file.exists()
 
 
-def test_a_passwords_file_others_can_read_stops_the_start(fleet: Fleet) -> None:
+def test_secret_files_others_can_read_are_made_0600_at_start(fleet: Fleet, caplog: pytest.LogCaptureFixture) -> None:
     scaler_of(fleet).scale(1)
-    for path in (fleet.paths.secrets_file, *fleet.paths.instance_secrets_dir.glob("*.json")):
-        assert path.stat().st_mode & 0o777 == 0o600, path
+    fleet.paths.token_file.write_text("t" * 43)
+    opened = [fleet.paths.secrets_file, fleet.ca.key_file, fleet.paths.token_file,
+              *fleet.paths.instance_secrets_dir.glob("*.json")]
+    for path in opened:
         path.chmod(0o644)
-        with pytest.raises(ConfigError, match=r"chmod 600"):
-            check_state(fleet)
-        path.chmod(0o600)
+    fleet.paths.instance_secrets_dir.chmod(0o755)
+    fleet.ca.cert_file.chmod(0o644)
     check_state(fleet)
+    for path in opened:
+        assert path.stat().st_mode & 0o777 == 0o600, path
+    assert fleet.paths.instance_secrets_dir.stat().st_mode & 0o777 == 0o700
+    assert fleet.ca.cert_file.stat().st_mode & 0o777 == 0o644, "a certificate is public: left as it is"
+    said = " ".join(caplog.text.split())
+    for path in opened:
+        assert f"{path} (" in said, path
+    assert "could be read by group or others (mode 0644); it is 0600 now" in said
+    assert "may have copied it" in said
+    caplog.clear()
+    check_state(fleet)
+    assert "could be read" not in caplog.text, "said once, when it was fixed"

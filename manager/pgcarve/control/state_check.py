@@ -19,8 +19,8 @@ from dataclasses import dataclass
 from pgcarve.control.fleet import Fleet
 from pgcarve.control.retired import retired_instances
 from pgcarve.errors import StateMissing
-from pgcarve.guest.tls import check_private_file
 from pgcarve.statedir import layout
+from pgcarve.statedir.modes import tighten_secret_files
 
 log = logging.getLogger(__name__)
 
@@ -64,15 +64,6 @@ def fleet_in_use(fleet: Fleet) -> FleetInUse:
                       from_guests=tuple(sorted({g.metadata.cluster for g in guests})))
 
 
-def check_secret_files(fleet: Fleet) -> None:
-    """ConfigError if a file holding the fleet's or an instance's passwords can be read by group or
-    others (they are written 0600 whatever the umask; a looser one was changed since, or copied)."""
-    files = [fleet.paths.secrets_file, *sorted(fleet.paths.instance_secrets_dir.glob("*.json"))]
-    for path in files:
-        if path.exists():
-            check_private_file(path, "the passwords file")
-
-
 def _refuse(fleet: Fleet, found: FleetInUse, missing: list[str]) -> None:
     state_dir = fleet.paths.state_dir
     listed = "\n  - ".join(missing)
@@ -98,11 +89,12 @@ def _missing(fleet: Fleet, found: FleetInUse) -> list[str]:
 
 
 def check_state(fleet: Fleet) -> FleetInUse:
-    """For every command that uses the fleet: ConfigError if a passwords file is readable by others;
-    StateMissing if the fleet is in use while the state directory lacks its admin password, its CA,
-    or the passwords of an instance that has guests or kept disks. Nothing is made or changed.
-    Returns what was found of the fleet."""
-    check_secret_files(fleet)
+    """For every command that uses the fleet, at its start: files holding secrets that group or others
+    could read are made 0600 again, and said so (statedir/modes.py); then StateMissing if the fleet is
+    in use while the state directory lacks its admin password, its CA, or the passwords of an
+    instance that has guests or kept disks. Nothing else is made or changed. Returns what was found
+    of the fleet."""
+    tighten_secret_files(fleet.paths)
     found = fleet_in_use(fleet)
     if found.evidence():
         missing = _missing(fleet, found)
