@@ -43,8 +43,7 @@ def serve(settings: Settings) -> int:
     lock.acquire()
     fleet = Fleet(config, paths)
     try:
-        for what in prepare_state(fleet):  # before anything is made: the token, server.json
-            print(f"pgcarve: made {what}", file=sys.stderr, flush=True)
+        prepare_state(fleet)  # before anything is made: the token, server.json
     finally:
         fleet.close()
     token, created = load_or_create_token(settings.token, paths.token_file)

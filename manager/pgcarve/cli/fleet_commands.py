@@ -187,7 +187,9 @@ def cmd_plan(args: argparse.Namespace, settings: Settings) -> int:
     if args.format == "tfvars":
         from pgcarve.tfvars import render_tfvars
 
-        prepare_state(fleet)  # the seeds carry the admin password and the CA: never new ones over live guests
+        # The seeds carry the admin password and the CA: never new ones over live guests.
+        for what in prepare_state(fleet):
+            console.print(f"made {what}")
         if args.host is None and len(fleet.config.primary_hosts) != 1:
             raise ConfigError("--format tfvars describes one host: name it with --host")
         host = hosts[0] if args.host else fleet.config.primary_hosts[0]

@@ -113,6 +113,6 @@ def prepare_state(fleet: Fleet) -> list[str]:
     if found.unreachable and layout.missing_fleet_secrets(fleet.paths):
         _refuse(fleet, found, layout.missing_fleet_secrets(fleet.paths))
     made = layout.make_fleet_secrets(fleet.paths)
-    for what in made:
-        log.warning("new fleet %r: made %s", fleet.config.fleet, what)
+    for what in made:  # the server's log; the commands print it themselves
+        log.info("new fleet %r: made %s", fleet.config.fleet, what)
     return made
