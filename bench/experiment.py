@@ -19,6 +19,7 @@ from pgcarve.advice.rounds import CaseGroup, run_rounds
 from pgcarve.advice.verdict import EMULATION_CAVEAT, decide_from_cases, ratios, runs_of
 from pgcarve.advice.versions import host_versions
 from pgcarve.control.fleet import Fleet
+from pgcarve.control.state_check import prepare_state
 from pgcarve.guest.image import LocalImage
 from pgcarve.settings import Paths
 
@@ -115,6 +116,7 @@ def experiment(out: Path | None, paths: Paths, cases: Sequence[str], params: Exp
             base = with_size(base, standbys=params.standbys, memory_mib=params.memory_mib)
             probe_fleet = Fleet(base, paths)
             try:
+                prepare_state(probe_fleet)  # as `pgcarve up` does: a new fleet's secrets, never new ones over guests
                 doc["prepare"] = prepare_hosts(probe_fleet)
                 doc["versions"]["libvirt"] = probe_fleet.hosts[base.hosts[0].name].versions()
             finally:

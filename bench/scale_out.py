@@ -17,6 +17,7 @@ from pgcarve.advice.cases import remove_all, with_size
 from pgcarve.control.fleet import Fleet, Guest, Instance, Progress, no_progress
 from pgcarve.control.provisioning import Provisioner
 from pgcarve.control.removal import leftovers
+from pgcarve.control.state_check import prepare_state
 from pgcarve.errors import PgcarveError
 from pgcarve.naming import instance_name
 from pgcarve.postgres.pgbench import create_test_table, insert_row
@@ -158,6 +159,7 @@ def scale_out(out: Path | None, paths: Paths, hosts: int, standbys: int, steps: 
         recorder = StepRecorder()
         service = ManagerService(config, paths, refresh_s=5.0, collect=False, supervise=False)
         fleet = service.fleet
+        prepare_state(fleet)  # as `serve` does: a new fleet's secrets, never new ones over live guests
         service.scaler.provisioner = RecordingProvisioner(fleet, recorder)
         try:
             remove_all(fleet)

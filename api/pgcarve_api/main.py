@@ -26,6 +26,7 @@ from pgcarve.errors import (
     NotFound,
     NotLeader,
     PgcarveError,
+    StateMissing,
 )
 from pgcarve.guest.tls import FleetCA
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
@@ -57,6 +58,7 @@ log = logging.getLogger("pgcarve.api")
 
 # pgcarve's error categories -> HTTP statuses, in this one place.
 STATUS_FOR_ERROR: dict[type[PgcarveError], int] = {
+    StateMissing: 503,  # the state directory lacks what the fleet depends on: the server's fault, not the request's
     ConfigError: 422,
     CapacityError: 409,
     Conflict: 409,
@@ -180,7 +182,8 @@ def create_app(settings: Settings | None = None, service: ManagerService | None 
     app.state.server_names = server_names(settings.bind, listener, settings.extra_host_names)
     app.state.token, created = load_or_create_token(settings.token, paths.token_file)
     app.state.fleet_ca = FleetCA(paths.tls_dir)
-    app.state.fleet_ca.ensure()  # made on first start; a CA key others can read stops the start here
+    if app.state.fleet_ca.exists():  # made by `serve` for a new fleet (control/state_check.prepare_state)
+        app.state.fleet_ca.load()  # a CA key others can read stops the start here
     if created:
         log.warning("generated a new API token in %s (mode 0600)", paths.token_file)
 

@@ -20,7 +20,7 @@ import uvicorn
 from pgcarve.config import load_fleet_config
 from pgcarve.control.fleet import Fleet
 from pgcarve.control.manager_lock import ManagerLock, running_servers
-from pgcarve.control.state_check import check_state
+from pgcarve.control.state_check import prepare_state
 from pgcarve.errors import PgcarveError
 from pgcarve.processes import read_record, record_self, write_record
 
@@ -43,7 +43,7 @@ def serve(settings: Settings) -> int:
     lock.acquire()
     fleet = Fleet(config, paths)
     try:
-        check_state(fleet)  # before anything is made: the token, the CA, server.json
+        prepare_state(fleet)  # before anything is made: the token, server.json
     finally:
         fleet.close()
     token, created = load_or_create_token(settings.token, paths.token_file)

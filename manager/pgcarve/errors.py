@@ -15,6 +15,11 @@ class ConfigError(PgcarveError):
     """A configuration file or value is invalid."""
 
 
+class StateMissing(ConfigError):
+    """Something the fleet's guests depend on (its admin password, its CA, an instance's passwords) is
+    not in the state directory; the message names the file and how to restore it."""
+
+
 class CapacityError(PgcarveError):
     """A request needs more CPUs or memory than a host has free."""
 

@@ -71,6 +71,7 @@ class Settings(BaseSettings):
     image_dir: Path | None = None  # the guest image (default <state_dir>/image)
     hosts_file: Path | None = None  # hosts.yaml (default ./hosts.yaml, else the sandbox's)
     boot_timeout: PositiveFloat = 600.0  # seconds a new guest may take to accept SQL
+    fleet_key_file: Path | None = None  # the key `pgcarve state export` / `import` encrypt with
     token: str | None = None  # the API token, >= 32 characters (else the state directory's api-token file)
     bind: str = "127.0.0.1"  # address the API server listens on
     port: Annotated[int, Field(ge=1, le=65535)] = 8080  # port the API server listens on

@@ -67,6 +67,7 @@ def servers() -> Iterator[Servers]:
     started: list[LocalServer] = []
     try:
         ca = FleetCA(base / "tls")
+        ca.create()
         issued = ca.issue_server_certificate(["pgc-01"])
         _private_to_postgres(base / "server.crt", issued.cert_pem, 0o644)
         _private_to_postgres(base / "server.key", issued.key_pem, 0o600)
@@ -152,7 +153,7 @@ def test_tls_is_required_and_verified_with_the_fleet_ca(servers: Servers, tmp_pa
     with pytest.raises(psycopg.OperationalError, match=r"no pg_hba\.conf entry .*no encryption"):
         psycopg.connect(servers.dsn(servers.primary, sslmode="disable"))
     stranger = FleetCA(tmp_path / "other-ca")
-    stranger.ensure()
+    stranger.create()
     with pytest.raises(psycopg.OperationalError, match="certificate verify failed"):
         psycopg.connect(servers.dsn(servers.primary, sslrootcert=str(stranger.cert_file)))
     # verify-full where the name matches: the certificate names the guest, not an address.

@@ -158,7 +158,7 @@ def test_tls_is_required_and_verified_with_the_fleet_ca(carve_env: CarveEnv, tmp
     with pytest.raises(psycopg.OperationalError, match=r"no pg_hba\.conf entry .*no encryption"):
         connect(uri, password, sslmode="disable")
     stranger = FleetCA(tmp_path / "other-ca")
-    stranger.ensure()
+    stranger.create()
     with pytest.raises(psycopg.OperationalError, match="certificate verify failed"):
         connect(uri, password, sslrootcert=str(stranger.cert_file))
     # verify-full where the name matches: the guest's certificate names the guest and its instance.

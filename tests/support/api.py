@@ -23,6 +23,7 @@ from pgcarve.config import FleetConfig
 from pgcarve.control.service import ManagerService
 from pgcarve.naming import instance_name
 from pgcarve.settings import Paths
+from pgcarve.statedir.layout import make_fleet_secrets
 from pgcarve_api.main import create_app
 from pgcarve_api.settings import Settings
 from starlette.types import Message
@@ -48,6 +49,7 @@ def service_on_test_driver(state_dir: Path, instances: int = 3, *, vcpus: int = 
     stopped, and the test driver let go, on the way out."""
     keep_alive = reset_test_driver(range(1, instances + 1), vcpus=vcpus, memory_mib=memory_mib)
     try:
+        make_fleet_secrets(Paths(state_dir))  # as `serve` makes them for a new fleet
         service = ManagerService(one_host_config(vcpus, memory_mib, sandbox), Paths(state_dir),
                                  refresh_s=refresh_s, collect=False, supervise=False)
         for index in range(1, instances + 1):  # their passwords, as if the manager had seeded them

@@ -26,6 +26,7 @@ from pgcarve.config import FleetConfig, HostConfig
 from pgcarve.control.fleet import Fleet, Guest, Progress
 from pgcarve.control.provisioning import Readiness
 from pgcarve.settings import Paths
+from pgcarve.statedir.layout import make_fleet_secrets
 from pgcarve.virt.host import LibvirtHost
 from pgcarve.virt.storage import BaseImage, HostStorage
 from pgcarve.virt.xml_specs import VolumeSpec
@@ -93,8 +94,10 @@ def stand_in_image(directory: Path) -> Path:
 
 
 def testdriver_fleet(config: FleetConfig, paths: Paths, capabilities: str) -> Fleet:
-    """The real Fleet over a TestDriverHost per configured host (paths.image_dir: stand_in_image)."""
+    """The real Fleet over a TestDriverHost per configured host (paths.image_dir: stand_in_image),
+    with the admin password and CA a new fleet gets when it first starts (if they are not there)."""
     hosts = {h.name: TestDriverHost(h.name, h.uri, capabilities, h.pool, h.pool_path) for h in config.hosts}
+    make_fleet_secrets(paths)
     return Fleet(config, paths, hosts=hosts)
 
 

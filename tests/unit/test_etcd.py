@@ -273,3 +273,19 @@ def test_the_cli_issues_member_and_client_certificates_from_the_fleet_ca(
     # A member certificate without an address is refused, and nothing is written.
     assert main(["etcd-certificate", "db2", "--out", str(tmp_path / "db2")]) == 2
     assert not (tmp_path / "db2").exists()
+
+
+def test_no_new_ca_for_etcd_where_the_state_directory_records_a_fleet(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    """Without a hosts file, the state directory alone says whether the fleet is new (the sandbox asks
+    the same before its hosts run): instances recorded there depend on the CA that is missing."""
+    state = tmp_path / "state"
+    monkeypatch.setenv("PGCARVE_STATE_DIR", str(state))
+    monkeypatch.chdir(tmp_path)  # no ./hosts.yaml
+    (state / "instances").mkdir(parents=True)
+    (state / "instances" / "pgc-01.json").write_text("{}")
+    (state / "instances" / "pgc-01.json").chmod(0o600)
+    assert main(["etcd-certificate", "db1", "--ip", "192.0.2.11", "--out", str(tmp_path / "db1")]) == 2
+    said = " ".join(capsys.readouterr().err.split())
+    assert "records instances pgc-01 but lacks the fleet CA" in said and "pgcarve state import" in said, said
+    assert not (state / "tls" / "ca.key").exists() and not (tmp_path / "db1").exists()

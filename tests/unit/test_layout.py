@@ -29,14 +29,15 @@ ALLOWED = {
     "pgcarve.guest": {"pgcarve.virt", "pgcarve.postgres", "pgcarve.planning"},
     "pgcarve.dcs": set(),
     "pgcarve.patroni": {"pgcarve.dcs"},
-    "pgcarve.sandbox": {"pgcarve.virt", "pgcarve.guest", "pgcarve.dcs"},
+    "pgcarve.statedir": {"pgcarve.guest"},
+    "pgcarve.sandbox": {"pgcarve.virt", "pgcarve.guest", "pgcarve.dcs", "pgcarve.statedir"},
     "pgcarve.control": {"pgcarve.planning", "pgcarve.virt", "pgcarve.postgres", "pgcarve.guest", "pgcarve.sandbox",
-                        "pgcarve.dcs", "pgcarve.patroni"},
+                        "pgcarve.dcs", "pgcarve.patroni", "pgcarve.statedir"},
     "pgcarve.tfvars": {"pgcarve.control", "pgcarve.guest", "pgcarve.virt", "pgcarve.planning"},
     "pgcarve.advice": {"pgcarve.control", "pgcarve.planning", "pgcarve.postgres", "pgcarve.guest", "pgcarve.virt"},
     "pgcarve.cli": {"pgcarve.control", "pgcarve.planning", "pgcarve.postgres", "pgcarve.sandbox", "pgcarve.tfvars",
                     "pgcarve.guest", "pgcarve.virt", "pgcarve.advice", "pgcarve.dcs",
-                    "pgcarve.patroni"},
+                    "pgcarve.patroni", "pgcarve.statedir"},
 }
 # A statement's opening words: what SQL sent to PostgreSQL starts with, and prose does not.
 SQL = re.compile(r"^\s*(/\*.*?\*/\s*)?(select\s+\S+.*\s(from|as)\s|select\s+pg_|insert\s+into\s|update\s+\w+\s+set\s|"

@@ -30,6 +30,7 @@ from pgcarve.errors import CapacityError, ConfigError, ImageMissing
 from pgcarve.naming import instance_name, slot_name
 from pgcarve.planning.planner import capacity
 from pgcarve.settings import Paths
+from pgcarve.statedir.layout import make_fleet_secrets
 from pgcarve.tfvars import render_tfvars, tfvars_document
 from pgcarve.virt.domain_xml import Disk, DomainSpec, InstanceMetadata, Nic, mac_for
 
@@ -86,9 +87,15 @@ def fleet_config(hosts: int = 1, vcpus: int = 2, memory_mib: int = 512, domain_t
     )
 
 
+def new_fleet(config: FleetConfig, paths: Paths) -> Fleet:
+    """A fleet with the admin password and CA `plan --format tfvars` makes for a new fleet."""
+    make_fleet_secrets(paths)
+    return Fleet(config, paths)
+
+
 @pytest.fixture
 def fleet(tmp_path: Path, image_dir: Path) -> Any:
-    f = Fleet(fleet_config(), Paths(tmp_path / "state", image_dir))
+    f = new_fleet(fleet_config(), Paths(tmp_path / "state", image_dir))
     yield f
     f.close()
 
@@ -189,7 +196,7 @@ def test_seeds_carry_the_fleets_verifiers_and_no_password(fleet: Fleet) -> None:
 
 
 def test_second_primary_host_continues_the_numbering(tmp_path: Path, image_dir: Path) -> None:
-    fleet = Fleet(fleet_config(hosts=2), Paths(tmp_path / "state", image_dir))
+    fleet = new_fleet(fleet_config(hosts=2), Paths(tmp_path / "state", image_dir))
     try:
         cap = capacity(fleet.topology("t0"), fleet.placement.planner)
         doc = tfvars_document(fleet, "t1", 2)
@@ -206,7 +213,7 @@ def test_second_primary_host_continues_the_numbering(tmp_path: Path, image_dir: 
 
 
 def test_refusals(tmp_path: Path, image_dir: Path) -> None:
-    fleet = Fleet(fleet_config(standby_hosts=1), Paths(tmp_path / "state", image_dir))
+    fleet = new_fleet(fleet_config(standby_hosts=1), Paths(tmp_path / "state", image_dir))
     try:
         with pytest.raises(CapacityError, match="room for"):
             tfvars_document(fleet, "s0", capacity(fleet.topology("t0"), fleet.placement.planner) + 1)
@@ -228,7 +235,7 @@ def test_standby_hosts_get_the_standbys_with_everything_planned(tmp_path: Path, 
     """No manager step runs between the applies: each standby's seed names its primary's reserved
     address and makes its own slot; each guest lets exactly the instance's other guests replicate;
     each primary names its first standby synchronous (FIRST 1), as `pgcarve up` records it."""
-    fleet = Fleet(fleet_config(standby_hosts=2), Paths(tmp_path / "state", image_dir))
+    fleet = new_fleet(fleet_config(standby_hosts=2), Paths(tmp_path / "state", image_dir))
     try:
         primaries = tfvars_document(fleet, "t0", 2)
         first, second = tfvars_document(fleet, "s0", 2), tfvars_document(fleet, "s1", 2)
@@ -270,7 +277,7 @@ def test_standby_hosts_get_the_standbys_with_everything_planned(tmp_path: Path, 
 def test_a_dhcp_range_too_small_for_the_fleet_is_refused(tmp_path: Path, image_dir: Path) -> None:
     from pgcarve.virt.xml_specs import NetworkSpec
 
-    fleet = Fleet(fleet_config(standby_hosts=1, network="tiny"), Paths(tmp_path / "state", image_dir))
+    fleet = new_fleet(fleet_config(standby_hosts=1, network="tiny"), Paths(tmp_path / "state", image_dir))
     try:
         fleet.hosts["t0"].ensure_network(NetworkSpec("tiny", "virbrtiny", "10.9.0.1", 24, "10.9.0.10", "10.9.0.11"))
         assert tfvars_document(fleet, "s0", 2)["instances"]["tst-02-s1"]["address"] == "10.9.0.10"

@@ -15,7 +15,7 @@ from cryptography import x509
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID
 from cryptography.x509.verification import PolicyBuilder, Store, VerificationError
-from pgcarve.errors import ConfigError
+from pgcarve.errors import ConfigError, StateMissing
 from pgcarve.guest.tls import (
     FleetCA,
     KeyAndCertificate,
@@ -120,23 +120,30 @@ def test_names_that_are_not_names_are_refused(ca: KeyAndCertificate, dns: list[s
 # --- the files ------------------------------------------------------------------------------
 
 def test_the_ca_is_made_once_with_a_private_key(tmp_path: Path) -> None:
-    """Made on first use with ca.key 0600 whatever the umask, then reused unchanged."""
+    """Made only when asked (a new fleet), with ca.key 0600 whatever the umask, then reused unchanged."""
     fleet_ca = FleetCA(tmp_path / "tls")
+    with pytest.raises(StateMissing, match="pgcarve state import"):
+        fleet_ca.load()
+    with pytest.raises(StateMissing):
+        fleet_ca.issue_server_certificate(["api.db.example"])
+    assert not fleet_ca.exists() and not (tmp_path / "tls" / "ca.key").exists(), "loading makes nothing"
     old = os.umask(0)
     try:
-        first = fleet_ca.ensure()
+        first = fleet_ca.create()
     finally:
         os.umask(old)
     assert fleet_ca.key_file.stat().st_mode & 0o777 == 0o600
     assert fleet_ca.cert_file.stat().st_mode & 0o777 == 0o644
     before = fleet_ca.key_file.stat().st_mtime_ns
-    assert FleetCA(tmp_path / "tls").ensure() == first
+    assert FleetCA(tmp_path / "tls").load() == first
+    assert FleetCA(tmp_path / "tls").create() == first, "made once"
     assert fleet_ca.certificate_pem() == first.cert_pem
     assert fleet_ca.key_file.stat().st_mtime_ns == before
 
 
 def test_server_certificate_files(tmp_path: Path) -> None:
     fleet_ca = FleetCA(tmp_path / "tls")
+    fleet_ca.create()
     issued = fleet_ca.issue_server_certificate(["api.db.example"], ["10.1.2.3"])
     cert_file, key_file = fleet_ca.write_server_certificate("api", issued)
     assert key_file.stat().st_mode & 0o777 == 0o600 and key_file.read_bytes() == issued.key_pem
@@ -148,10 +155,10 @@ def test_server_certificate_files(tmp_path: Path) -> None:
 @pytest.mark.parametrize("mode", [0o640, 0o604, 0o660, 0o644])
 def test_a_ca_key_others_can_read_is_refused(tmp_path: Path, mode: int) -> None:
     fleet_ca = FleetCA(tmp_path / "tls")
-    fleet_ca.ensure()
+    fleet_ca.create()
     fleet_ca.key_file.chmod(mode)
     with pytest.raises(ConfigError) as err:
-        fleet_ca.ensure()
+        fleet_ca.load()
     message = str(err.value)
     assert str(fleet_ca.key_file) in message and f"{mode:04o}" in message
     assert f"chmod 600 {fleet_ca.key_file}" in message
@@ -160,12 +167,12 @@ def test_a_ca_key_others_can_read_is_refused(tmp_path: Path, mode: int) -> None:
 
 def test_an_incomplete_or_mismatched_ca_is_refused(tmp_path: Path) -> None:
     fleet_ca = FleetCA(tmp_path / "tls")
-    fleet_ca.ensure()
+    fleet_ca.create()
     key = fleet_ca.key_file.read_bytes()
     fleet_ca.cert_file.unlink()
     with pytest.raises(ConfigError, match="incomplete"):
-        fleet_ca.ensure()
+        fleet_ca.load()
     assert fleet_ca.key_file.read_bytes() == key and not fleet_ca.cert_file.exists(), "no new CA over the old key"
     fleet_ca.cert_file.write_bytes(new_ca().cert_pem)
-    with pytest.raises(ConfigError, match="is not the certificate of the key"):
-        fleet_ca.ensure()
+    with pytest.raises(ConfigError, match=r"the certificate is not the key.s"):
+        fleet_ca.load()

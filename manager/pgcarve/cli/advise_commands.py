@@ -20,6 +20,7 @@ from pgcarve.advice.report import render_html, render_text
 from pgcarve.cli.display import console, out
 from pgcarve.cli.fleet_commands import open_fleet
 from pgcarve.control.manager_lock import ManagerLock
+from pgcarve.control.state_check import prepare_state
 from pgcarve.errors import ConfigError
 from pgcarve.settings import Settings
 
@@ -74,6 +75,8 @@ def cmd_advise(args: argparse.Namespace, settings: Settings) -> int:
         with ManagerLock(settings.paths.state_dir, "pgcarve advise"), \
                 Progress(TextColumn("[bold]advise"), BarColumn(bar_width=30), TaskProgressColumn(),
                          TextColumn("{task.fields[step]}"), TimeElapsedColumn(), console=console) as bar:
+            for what in prepare_state(fleet):  # its guests are seeded with the fleet's admin password and CA
+                bar.console.print(f"made {what}")
             task = bar.add_task("advise", total=1.0, step="starting")
             lock = threading.Lock()
 

@@ -13,8 +13,11 @@ import shutil
 from pathlib import Path
 
 from pgcarve.cli.display import console
+from pgcarve.cli.fleet_commands import open_fleet
+from pgcarve.control.state_check import prepare_state
 from pgcarve.guest.tls import FleetCA, write_key_and_certificate
 from pgcarve.settings import Settings
+from pgcarve.statedir.layout import make_fleet_ca_if_new
 
 
 def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -27,8 +30,27 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
     cert.set_defaults(func=cmd_etcd_certificate)
 
 
-def cmd_etcd_certificate(args: argparse.Namespace, settings: Settings) -> int:
+def _fleet_ca(args: argparse.Namespace, settings: Settings) -> FleetCA:
+    """The fleet CA; for a new fleet made here (etcd comes before the first `pgcarve up`). With a hosts
+    file, "new" is checked on the hosts as `pgcarve up` checks it; without one, on the state directory."""
     ca = FleetCA(settings.paths.tls_dir)
+    if ca.exists():
+        return ca
+    if settings.hosts_file_path(args.hosts_file).exists():
+        fleet = open_fleet(args, settings)
+        try:
+            made = prepare_state(fleet)
+        finally:
+            fleet.close()
+    else:
+        made = [what for what in [make_fleet_ca_if_new(settings.paths)] if what]
+    for what in made:
+        console.print(f"made {what}")
+    return ca
+
+
+def cmd_etcd_certificate(args: argparse.Namespace, settings: Settings) -> int:
+    ca = _fleet_ca(args, settings)
     if args.client:
         issued = ca.issue_certificate(common_name=args.name, dns_names=args.dns, ip_addresses=args.ip,
                                       server=False, client=True)

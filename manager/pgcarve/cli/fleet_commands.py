@@ -27,7 +27,7 @@ from pgcarve.control.manager_lock import ManagerLock
 from pgcarve.control.removal import discard_half_made, instance_disk_mib, leftovers, remove_instance
 from pgcarve.control.retired import retired_doc, retired_instances
 from pgcarve.control.retirement import finish_interrupted, purge
-from pgcarve.control.state_check import check_state
+from pgcarve.control.state_check import check_state, prepare_state
 from pgcarve.errors import ConfigError, Conflict
 from pgcarve.planning.planner import explain, plan_host, plan_to_dict
 from pgcarve.settings import Settings
@@ -43,8 +43,17 @@ def load_config(settings: Settings, hosts_file: str | None) -> FleetConfig:
     return load_fleet_config(path)
 
 
-def open_fleet(args: argparse.Namespace, settings: Settings) -> Fleet:
-    return Fleet(load_config(settings, args.hosts_file), settings.paths, boot_timeout_s=settings.boot_timeout)
+def open_fleet(args: argparse.Namespace, settings: Settings, checked: bool = True) -> Fleet:
+    """The fleet of the hosts file. `checked`: StateMissing, before anything is done, if the fleet is
+    in use while the state directory lacks what its guests depend on (control/state_check.py)."""
+    fleet = Fleet(load_config(settings, args.hosts_file), settings.paths, boot_timeout_s=settings.boot_timeout)
+    if checked:
+        try:
+            check_state(fleet)
+        except BaseException:
+            fleet.close()
+            raise
+    return fleet
 
 
 def cmd_up(args: argparse.Namespace, settings: Settings) -> int:
@@ -54,9 +63,10 @@ def cmd_up(args: argparse.Namespace, settings: Settings) -> int:
     if server is not None:
         raise Conflict(f"a pgcarve server runs at {server['url']} and owns the fleet: "
                        f"use `pgcarve scale {args.instances}` instead")
+    fleet = open_fleet(args, settings)  # refused before the lock file, too, is made
     with ManagerLock(settings.paths.state_dir, "pgcarve up"):  # a server started meanwhile waits for us
-        fleet = open_fleet(args, settings)
-        check_state(fleet)
+        for what in prepare_state(fleet):
+            out.print(f"made {what}")
         check_capacity(fleet, args.instances)
         for what in finish_interrupted(fleet):  # left by an earlier run that was killed
             out.print(f"{what}, left half-way by an interrupted run")
@@ -134,7 +144,8 @@ def cmd_down(args: argparse.Namespace, settings: Settings) -> int:
 
 
 def _down(args: argparse.Namespace, settings: Settings) -> int:
-    fleet = open_fleet(args, settings)  # connects to nothing until asked
+    # Unchecked: down deletes the fleet, needs none of its secrets and makes none.
+    fleet = open_fleet(args, settings, checked=False)  # connects to nothing until asked
     config = fleet.config
     hosts_file = settings.hosts_file_path(args.hosts_file)
     if not args.real_hosts and not _is_local_sandbox(settings, hosts_file):
@@ -176,7 +187,9 @@ def cmd_plan(args: argparse.Namespace, settings: Settings) -> int:
     if args.format == "tfvars":
         from pgcarve.tfvars import render_tfvars
 
-        check_state(fleet)  # the seeds carry the admin password and the CA: never new ones over live guests
+        # The seeds carry the admin password and the CA: never new ones over live guests.
+        for what in prepare_state(fleet):
+            console.print(f"made {what}")
         if args.host is None and len(fleet.config.primary_hosts) != 1:
             raise ConfigError("--format tfvars describes one host: name it with --host")
         host = hosts[0] if args.host else fleet.config.primary_hosts[0]

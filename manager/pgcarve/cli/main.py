@@ -8,6 +8,7 @@
     pgcarve doctor                  check every host before a scale (exit 1 if a scale would fail)
     pgcarve advise                  measure whether carving this host helps, into how many guests, and why
     pgcarve etcd-certificate NAME   an etcd member's (--ip ...) or client's (--client) certificate
+    pgcarve state export FILE       the fleet's secrets, CA and journal, encrypted (--key-file); import restores
     pgcarve load                    the experiment's insert load on every primary (pgbench)
     pgcarve scale N                 ask the running API server to scale
     pgcarve switchover NAME         hand the primary role to a standby (--to STANDBY), nothing lost
@@ -35,6 +36,7 @@ from pgcarve.cli import (
     ha_commands,
     sandbox_commands,
     server_commands,
+    state_commands,
 )
 from pgcarve.cli.display import console
 from pgcarve.errors import (
@@ -96,6 +98,7 @@ def build_parser(settings: Settings) -> argparse.ArgumentParser:
     doctor_commands.add_parser(sub)
     advise_commands.add_parser(sub)
     etcd_commands.add_parser(sub)
+    state_commands.add_parsers(sub)
 
     load = sub.add_parser("load", help="run the experiment's insert-only pgbench on every primary")
     load.add_argument("--seconds", type=int, default=20)

@@ -142,10 +142,10 @@ class Fleet:
 
     @property
     def client_tls(self) -> session.ClientTls:
-        """How pgcarve's clients verify guests: the fleet CA's certificate (made on first use)."""
+        """How pgcarve's clients verify guests: the fleet CA's certificate (StateMissing without it)."""
         with self._guard:
             if self._client_tls is None:
-                self.ca.ensure()
+                self.ca.load()
                 self._client_tls = session.ClientTls(root_cert=str(self.ca.cert_file))
             return self._client_tls
 

@@ -18,7 +18,7 @@ import threading
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from pgcarve.errors import ConfigError, NotFound
+from pgcarve.errors import ConfigError, NotFound, StateMissing
 
 SECRET_RE = re.compile(r"^[A-Za-z0-9]{16,128}$")
 INSTANCE_FILE_RE = re.compile(r"^[a-z][a-z0-9-]{0,62}$")
@@ -71,17 +71,26 @@ class Credentials:
 
 
 def load_credentials(secrets_file: Path) -> Credentials:
-    """The fleet's admin password, created on first use in a 0600 file. (A file from before
-    per-instance credentials also holds a fleet-wide replication password: no guest made now
-    uses it.)"""
-    if secrets_file.exists():
+    """The fleet's admin password, read from its 0600 file; StateMissing if there is none. It is
+    made only for a new fleet (`create_credentials`, after control/state_check.py found no guest):
+    one made over running guests would lock the manager out of all of them. (A file from before
+    per-instance credentials also holds a fleet-wide replication password: no guest made now uses it.)"""
+    try:
         data = json.loads(secrets_file.read_text())
-        return Credentials(admin_password=data["admin_password"])
+    except FileNotFoundError:
+        raise StateMissing(
+            f"the fleet's admin password ({secrets_file}) is missing: every guest of the fleet knows only the "
+            f"one it was made with. Restore it with `pgcarve state import BACKUP --key-file KEY` (a new fleet "
+            "makes one when `pgcarve up` or `pgcarve serve` first starts)") from None
+    return Credentials(admin_password=data["admin_password"])
+
+
+def create_credentials(secrets_file: Path) -> Credentials:
+    """A new admin password for a new fleet, in a new 0600 file; ConfigError if the file exists."""
     creds = Credentials(admin_password=new_secret())
     secrets_file.parent.mkdir(parents=True, exist_ok=True)
-    fd = os.open(secrets_file, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-    with os.fdopen(fd, "w") as fh:
-        json.dump({"admin_password": creds.admin_password}, fh)
+    if not _create_private_json(secrets_file, {"admin_password": creds.admin_password}):
+        raise ConfigError(f"{secrets_file} exists already: the fleet has an admin password")
     return creds
 
 

@@ -1,7 +1,7 @@
 """The fleet's certificate authority, and the certificates it issues.
 
 One CA per state directory: `<state>/tls/ca.key` (the private key, 0600) and `<state>/tls/ca.pem`
-(its certificate, public). It is made once, on first use, and reused for ten years; guests'
+(its certificate, public). It is made once, when a new fleet first starts, and reused for ten years; guests'
 PostgreSQL servers and the API server get certificates from it, and clients verify them with
 ca.pem (`GET /v1/ca.pem`; libpq `sslmode=verify-ca`, or `verify-full` when the name matches).
 
@@ -31,7 +31,7 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec, rsa
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
-from pgcarve.errors import ConfigError
+from pgcarve.errors import ConfigError, StateMissing
 from pgcarve.filelock import locked
 
 CA_VALIDITY = dt.timedelta(days=3650)
@@ -226,6 +226,17 @@ def check_private_file(path: Path, what: str) -> None:
                           "not use a secret others can read")
 
 
+def check_ca_pair(ca: KeyAndCertificate, what: str) -> None:
+    """ConfigError unless `ca` is an unencrypted PEM private key and the PEM certificate of that key."""
+    try:
+        key, cert = _load_ca(ca)
+    except ValueError as exc:
+        raise ConfigError(f"{what} cannot be read ({exc}): the key must be an unencrypted PEM private key and the "
+                          "certificate a PEM certificate") from None
+    if not _same_public_key(key, cert):
+        raise ConfigError(f"{what}: the certificate is not the key's; restore the pair from a backup")
+
+
 class FleetCA:
     """The fleet CA's files in one directory (`<state>/tls`), and the certificates it writes."""
 
@@ -244,52 +255,58 @@ class FleetCA:
         """Held while the CA is created, so two processes starting at once make one CA."""
         return locked(self.directory / ".lock", directory_mode=0o755)
 
-    def ensure(self) -> KeyAndCertificate:
-        """The CA's key and certificate: read from the directory, or made there on first use.
-        ConfigError if the key file is readable by others, or the pair is incomplete or mismatched."""
-        if self.key_file.exists() and self.cert_file.exists():
-            return self._load()
+    def exists(self) -> bool:
+        """Whether any of the CA's two files is there (an incomplete pair is an error to load)."""
+        return self.key_file.exists() or self.cert_file.exists()
+
+    def load(self) -> KeyAndCertificate:
+        """The CA's key and certificate, read from the directory. StateMissing if neither file is
+        there: the CA is made only for a new fleet (`create`), since one made over running guests
+        would chain to none of their certificates. ConfigError if the key file is readable by
+        others, or the pair is incomplete or mismatched."""
+        has_key, has_cert = self.key_file.exists(), self.cert_file.exists()
+        if not has_key and not has_cert:
+            raise StateMissing(
+                f"the fleet CA ({self.key_file} and {self.cert_file}) is missing: every guest's certificate "
+                "chains to the one the fleet was made with. Restore it with `pgcarve state import BACKUP "
+                "--key-file KEY` (a new fleet makes one when `pgcarve up` or `pgcarve serve` first starts)")
+        if has_key != has_cert:
+            present, absent = (self.key_file, self.cert_file) if has_key else (self.cert_file, self.key_file)
+            raise StateMissing(
+                f"the fleet CA in {self.directory} is incomplete: {present} exists but {absent} does not. "
+                f"Restore it with `pgcarve state import BACKUP --key-file KEY`, or from a backup of {absent.name}")
+        return self._load()
+
+    def create(self) -> KeyAndCertificate:
+        """A new CA for a new fleet, written here (the key 0600); the one there if another process
+        made it first. Callers make sure first that no guest depends on an older one
+        (control/state_check.py)."""
         with self._locked():
-            has_key, has_cert = self.key_file.exists(), self.cert_file.exists()
-            if has_key != has_cert:
-                present, absent = (self.key_file, self.cert_file) if has_key else (self.cert_file, self.key_file)
-                raise ConfigError(
-                    f"the fleet CA in {self.directory} is incomplete: {present} exists but {absent} does not. "
-                    f"Restore {absent.name} from a backup, or move {present.name} away to make a new CA "
-                    "(every certificate the old one issued must then be issued again)")
-            if not has_key:
+            if not self.exists():
                 ca = new_ca()
                 _write_private(self.key_file, ca.key_pem)
                 _write_public(self.cert_file, ca.cert_pem)
-        return self._load()
+        return self.load()
 
     def _load(self) -> KeyAndCertificate:
         check_private_file(self.key_file, "the fleet CA's private key")
         ca = KeyAndCertificate(self.key_file.read_bytes(), self.cert_file.read_bytes())
-        try:
-            key, cert = _load_ca(ca)
-        except ValueError as exc:
-            raise ConfigError(f"the fleet CA in {self.directory} cannot be read ({exc}); "
-                              f"{self.key_file.name} must be an unencrypted PEM private key and "
-                              f"{self.cert_file.name} a PEM certificate") from None
-        if not _same_public_key(key, cert):
-            raise ConfigError(f"{self.cert_file} is not the certificate of the key in {self.key_file}: "
-                              "restore the pair from a backup")
+        check_ca_pair(ca, f"the fleet CA in {self.directory} ({self.key_file.name}, {self.cert_file.name})")
         return ca
 
     def certificate_pem(self) -> bytes:
-        """The CA certificate, what clients verify servers with (made on first use)."""
-        return self.ensure().cert_pem
+        """The CA certificate, what clients verify servers with."""
+        return self.load().cert_pem
 
     def issue_server_certificate(self, dns_names: Sequence[str] = (),
                                  ip_addresses: Sequence[str] = ()) -> KeyAndCertificate:
-        return issue_server_certificate(self.ensure(), dns_names, ip_addresses)
+        return issue_server_certificate(self.load(), dns_names, ip_addresses)
 
     def issue_certificate(self, *, common_name: str | None = None, dns_names: Sequence[str] = (),
                           ip_addresses: Sequence[str] = (), server: bool = True,
                           client: bool = False) -> KeyAndCertificate:
         """See the module's `issue_certificate`."""
-        return issue_certificate(self.ensure(), common_name=common_name, dns_names=dns_names,
+        return issue_certificate(self.load(), common_name=common_name, dns_names=dns_names,
                                  ip_addresses=ip_addresses, server=server, client=client)
 
     def write_server_certificate(self, name: str, issued: KeyAndCertificate) -> tuple[Path, Path]:

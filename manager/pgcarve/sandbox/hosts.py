@@ -38,6 +38,8 @@ from pgcarve.sandbox.forward import ForwardRegistry
 from pgcarve.sandbox.libvirt_files import START_DAEMONS, write_libvirt_config
 from pgcarve.sandbox.namespaces import NETNS_DIR, netns_exists, run_checked, same_netns, stop_namespace_processes
 from pgcarve.sandbox.remote import SSHD, TRANSPORTS, ManagerSide, authorize, host_public_key, sshd_config, wire_manager
+from pgcarve.settings import Paths
+from pgcarve.statedir.layout import make_fleet_ca_if_new
 from pgcarve.virt.host import LibvirtHost
 from pgcarve.virt.xml_specs import NetworkSpec
 
@@ -218,6 +220,10 @@ class Sandbox:
                 f"a sandbox with {len(existing)} host(s) is already up in {self.directory}; "
                 "run `pgcarve sandbox down` first to change the number of hosts"
             )
+        if not existing:  # a new sandbox runs no guest yet: its etcd may get a new fleet's CA
+            made = make_fleet_ca_if_new(Paths(self.directory.parent))
+            if made:
+                progress(f"made {made}")
         self._wire_up(progress)
         self.directory.mkdir(parents=True, exist_ok=True)
         (self.directory / "transport").write_text(transport + "\n")
