@@ -12,19 +12,18 @@ import contextlib
 import logging
 import threading
 import time
-from dataclasses import asdict, replace
+from dataclasses import replace
 from typing import Any
 
 from pgcarve.config import FleetConfig
 from pgcarve.control.capacity import check_capacity
 from pgcarve.control.collector import Collector, Target
-from pgcarve.control.endpoints import instance_endpoints
 from pgcarve.control.fleet import Fleet, Instance, Progress
 from pgcarve.control.fleet_view import FleetView
+from pgcarve.control.instance_doc import instance_document
 from pgcarve.control.leadership import Leadership
 from pgcarve.control.listing import Listing
 from pgcarve.control.operations import Operation, OperationQueue
-from pgcarve.control.patroni_roles import patroni_doc
 from pgcarve.control.rates import RateTracker, Snapshot
 from pgcarve.control.removal import discard_half_made
 from pgcarve.control.retired import retired_doc, retired_instances
@@ -36,7 +35,6 @@ from pgcarve.control.switchover import Switchover
 from pgcarve.control.terms import Terms
 from pgcarve.control.waits import WaitBreakdown, WaitSampler, breakdown_of
 from pgcarve.errors import ConfigError, Conflict, NotFound, PgcarveError
-from pgcarve.naming import application_name
 from pgcarve.planning.planner import explain, plan_host, plan_to_dict
 from pgcarve.postgres.conninfo import admin_conninfo
 from pgcarve.postgres.session import APP_DATABASE, APP_USER
@@ -220,7 +218,7 @@ class ManagerService:
 
     def _build_docs(self, include_retired: bool) -> list[dict[str, Any]]:
         view = self.view
-        docs = [self._instance_doc(inst) for inst in view.instances]
+        docs = [instance_document(self, inst) for inst in view.instances]
         if include_retired:
             docs = sorted(docs + [retired_doc(r) for r in view.retired], key=lambda d: str(d["name"]))
         return docs
@@ -234,7 +232,7 @@ class ManagerService:
         view = self.view
         for inst in view.instances:
             if inst.name == name:
-                return self._instance_doc(inst)
+                return instance_document(self, inst)
         for retired in view.retired:
             if retired.name == name:
                 return retired_doc(retired)
@@ -245,84 +243,6 @@ class ManagerService:
         self.instance_doc(name)  # NotFound for an instance that does not exist
         secrets = self.fleet.instance_secrets(name)
         return {"user": APP_USER, "password": secrets.app_password, "database": APP_DATABASE}
-
-    def _instance_doc(self, inst: Instance) -> dict[str, Any]:
-        primary = inst.primary
-        rows = {r.application_name: r for r in self.replication(inst.name)}
-        standbys = []
-        for guest in inst.standbys:
-            # A primary lists a dead standby's walsender until wal_sender_timeout: a row counts
-            # only for a running guest that is not being built again under the same name.
-            row = rows.get(application_name(guest.name)) if guest.info.state == "running" else None
-            if guest.info.creating:
-                state, row = "building", None
-            elif row and row.state:
-                state = row.state
-            else:
-                state = "not streaming" if guest.info.state == "running" else guest.info.state
-            standbys.append({
-                "name": guest.name, "host": guest.info.host,
-                "state": state,
-                "sync_state": row.sync_state if row else None,
-                "replay_lag_bytes": row.lag_bytes if row else None,
-            })
-        incidents = self.supervisor.open_incidents(inst.name) if self.supervisor else []
-        # Not offered to clients before it is whole: being created or brought back, no DSN.
-        building = self.fleet.locks.busy(inst.index) in ("creating", "reviving")
-        return {
-            "name": inst.name,
-            "primary": primary.name if primary else None,
-            "host": primary.info.host if primary else None,
-            "writes": self._writes(inst, rows),
-            "incident": incidents[-1].what + ": " + (incidents[-1].message or incidents[-1].status)
-            if incidents else None,
-            "state": self.fleet.locks.busy(inst.index) if building else (primary.info.state if primary
-                                                                          else "missing"),
-            "vcpus": list(primary.host_cpus) if primary else [],
-            "memory_mib": primary.info.memory_mib if primary else 0,
-            "dsn": self.fleet.dsn(primary.endpoint) if primary and primary.endpoint and not building else None,
-            "endpoints": asdict(endpoints) if not building and (endpoints := instance_endpoints(self.fleet, inst))
-            else None,
-            "standbys": standbys,
-            "patroni": self._patroni_doc(inst.name),
-        }
-
-    def _patroni_doc(self, name: str) -> dict[str, Any] | None:
-        """Patroni's view of the instance as last read (the listing just refreshed it); None when the
-        manager decides roles."""
-        patroni = self.fleet.patroni
-        if patroni is None:
-            return None
-        views, _ = patroni.last_read()
-        return patroni_doc(views.get(name), patroni.error)
-
-    def _writes(self, inst: Instance, rows: dict[str, StandbyState]) -> str:
-        """Can the primary commit now? In words, for an operator."""
-        primary = inst.primary
-        if primary is None or primary.info.state != "running":
-            return "unavailable: the primary is not running"
-        doing = self.fleet.locks.busy(inst.index)
-        if doing in ("creating", "reviving"):
-            return f"not offered yet: {doing} (the instance is offered once all its standbys stream)"
-        fence = self.collector.write_fence(inst.name) if self.collector else None
-        if fence is not None:
-            return (f"refused: new writes are fenced ({fence}"
-                    f"{', ' + doing if doing else ''}); reads are served")
-        if self.config.replication.standbys == 0 or self.config.replication.synchronous_commit in ("off", "local"):
-            return "accepted"
-        if self.collector is None:
-            return "unknown"
-        error = self.collector.last_errors().get(inst.name)
-        if error:
-            return f"unknown: {error}"
-        synced = [r for r in rows.values() if r.sync_state in ("sync", "quorum") and r.state == "streaming"]
-        waiting = self.collector.commits_waiting(inst.name)
-        if len(synced) >= self.config.replication.sync_count and not waiting:
-            return "accepted"
-        absent = self.fleet.absent_standbys(inst)
-        return (f"waiting: {waiting} commit(s) wait for a synchronous standby; {len(synced)} of "
-                f"{self.config.replication.sync_count} connected as sync; commits resume when one confirms (RPO 0)"
-                + (f"; no guest yet for {', '.join(absent)}" if absent else ""))
 
     def instance_waits(self, name: str) -> WaitBreakdown:
         """What the instance's client sessions waited on over the sampler's window."""
