@@ -8,7 +8,11 @@ In sequence, on the one fleet:
    repairs the machine only: the killed guest is started again and Patroni makes it a streaming
    replica (rewound);
 3. a switchover through the API, which asks Patroni: the pause is reported;
-4. every acknowledged commit is on the final primary; removing the instance removes its keys.
+4. the leader's host cut off from the others: a standby takes over once the leader key expires;
+   healed, the old leader rejoins as a replica;
+5. etcd without quorum (two of three members stopped): the leader keeps acknowledging commits
+   (failsafe mode: it still reaches every member) and no failover happens;
+6. every acknowledged commit is on the final primary; removing the instance removes its keys.
 A scale-down, which Patroni's fleets cannot do yet, is refused and changes nothing.
 """
 
@@ -81,6 +85,11 @@ def cluster(env: CarveEnv) -> ClusterView:
     return view
 
 
+def member(guest: str) -> str:
+    """A guest's Patroni member name (its application_name)."""
+    return guest.replace("-", "_")
+
+
 def whole(env: CarveEnv) -> ClusterView | None:
     """The cluster once it has a leader and two streaming replicas, one of them synchronous."""
     view = cluster(env)
@@ -138,11 +147,58 @@ def test_patroni_fails_over_without_the_manager_and_the_manager_follows(env: Car
             writer.wait_for_acks(20, 120, "commits after the switchover")
             print(f"switchover to {result['new_primary']}: writes paused at most {result['write_pause_s']} s by the "
                   f"API's count, {writer.longest_gap(asked_at):.1f} s without an acknowledgement by the writer's")
+
+            # 4. The leader's host cut off from the others (its etcd member, its standbys, the
+            # manager): the leader cannot renew its key nor reach its members, so it stops
+            # acknowledging; the synchronous standby takes the key once it expires; healed, the
+            # old leader rejoins as a replica (rewound).
+            # Not before the new leader has named its synchronous standby: until then (a few seconds
+            # after a promotion) strict mode knows no member that surely holds every acknowledged
+            # commit, and Patroni rightly promotes nobody when the leader is lost.
+            leader_guest, leader_host = str(result["new_primary"]), str(result["host"])
+            settled = wait_for(lambda: (v := whole(env)) and v.leader == member(leader_guest) and v,
+                               f"{leader_guest} leading with a synchronous standby named", 120)
+            print(f"after the switchover, {settled.synchronous_standbys} named synchronous "
+                  f"{time.monotonic() - asked_at:.1f} s after it was asked")
+            faults = SandboxFaults(env.sandbox)
+            cut_at = time.monotonic()
+            faults.partition(leader_host)
+            try:
+                moved = wait_for(lambda: (v := cluster(env)).leader not in (None, member(leader_guest)) and v,
+                                 f"a leader other than {leader_guest}", 180)
+                writer.wait_for_acks(20, 120, f"commits with {leader_host} cut off")
+                print(f"{leader_host} cut off: {moved.leader} leads after {time.monotonic() - cut_at:.1f} s; writes "
+                      f"paused {writer.longest_gap(cut_at):.1f} s")
+            finally:
+                faults.heal(leader_host)
+            healed_at = time.monotonic()
+            back = wait_for(lambda: (v := whole(env)) and (m := v.member(member(leader_guest))) is not None
+                            and m.role == "replica" and v, f"{leader_guest} rejoined after the heal", 300)
+            assert back.leader == moved.leader, "the healed former leader took the lead back"
+            print(f"{leader_guest} rejoined as a replica {time.monotonic() - healed_at:.1f} s after the heal")
+
+            # 5. etcd without quorum (two of three members stopped): nobody can renew or take a
+            # key, but the leader reaches every member of its instance (failsafe mode), so it
+            # keeps acknowledging commits, and no failover happens.
+            before = cluster(env).leader
+            stopped = [m.name for m in env.sandbox.etcd.members()][:2]
+            lost_at = time.monotonic()
+            for name in stopped:
+                env.sandbox.etcd.stop_member(name)
+            try:
+                writer.wait_for_acks(20, 120, "commits while etcd has no quorum")
+                print(f"etcd without quorum: {writer.longest_gap(lost_at):.1f} s at most without an acknowledgement")
+            finally:
+                for name in stopped:
+                    env.sandbox.etcd.start_member(name)
+            env.sandbox.etcd.wait_healthy()
+            assert wait_for(lambda: cluster(env).leader, "a leader once etcd is back", 120) == before, \
+                "etcd's outage moved the leader"
     finally:
         writer.stop()
     check_nothing_lost(fleet, writer)
 
-    # 4. Removing the instance leaves nothing of it in etcd.
+    # 6. Removing the instance leaves nothing of it in etcd.
     remove_instance(fleet, fleet.instance(INSTANCE))
     fleet.close()
     assert env.config.etcd is not None

@@ -78,6 +78,11 @@ def test_patronis_configuration_holds_the_promises(booted: dict[str, Any], tmp_p
     # Patroni never writes pg_hba.conf: the manager's replication rules stay.
     assert "pg_hba" not in config["postgresql"] and config["postgresql"]["parameters"]["hba_file"].endswith(
         "pg_hba.conf")
+    # Patroni reads its replica's own timeline over a local replication connection, through the
+    # socket: pg_hba lets the replication role in there (with its password) and nowhere else local.
+    assert config["postgresql"]["use_unix_socket_repl"] is True
+    hba = (setup.CONF_DIR / "pg_hba.conf").read_text().splitlines()
+    assert "local replication replicator scram-sha-256" in hba, hba
     replication = (setup.CONF_DIR / "conf.d" / "56-pgcarve-replication.conf").read_text()
     assert "synchronous_standby_names" not in replication, "Patroni sets the synchronous set, not the seed"
     assert setup.PATRONI_CONFIG.stat().st_mode & 0o077 == 0, "Patroni's configuration holds passwords"
