@@ -211,7 +211,7 @@ class BackupRepository(BaseModel):
     type: Literal["sftp"] = Field("sftp", description="how guests reach the repository (SFTP only for now)")
     host: str = Field(description="the repository host's address, as the guests reach it")
     port: int = Field(22, ge=1, le=65535)
-    user: str = Field("pgbackrest", pattern=r"^[a-z_][a-z0-9_-]{0,31}$", description="the SFTP login")
+    user: str = Field("pgcarve", pattern=r"^[a-z_][a-z0-9_-]{0,31}$", description="the SFTP login")
     path: str = Field(description="the repository's directory on that host (absolute)")
     host_key: str = Field(description="the server's public host key, as in its .pub file: 'TYPE BASE64'")
     private_key_file: str = Field(

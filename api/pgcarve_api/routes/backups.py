@@ -17,7 +17,7 @@ router = APIRouter(prefix="/v1", tags=["backups"], dependencies=[ReadAuth])
 def take_backup(name: str, body: BackupIn, service: ServiceDep) -> OperationAccepted:
     """Take a backup of the instance (default full). Runs as an operation (GET /v1/operations/{id}):
     its steps are the stanza, an archiving check, the backup, and its result names the backup."""
-    op = service.request_backup(name, body.type)
+    op = service.backups.request(name, body.type)
     return OperationAccepted(operation=op.id, status=op.status, kind=op.kind)
 
 
@@ -25,7 +25,7 @@ def take_backup(name: str, body: BackupIn, service: ServiceDep) -> OperationAcce
 def list_backups(name: str, service: ServiceDep) -> BackupsOut:
     """The instance's backups as the repository has them, oldest first, its archived WAL and its
     recoverable window. Read from the repository on every request (through the primary)."""
-    catalog = service.backup_catalog(name)
+    catalog = service.backups.catalog_of(name)
     window = catalog.window
     return BackupsOut(
         instance=catalog.name, status=catalog.status,

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from pgcarve.backup import pgbackrest
 from pgcarve.backup.catalog import BackupRecord, BackupType, StanzaCatalog
 from pgcarve.control.fleet import Fleet, Guest, Instance
+from pgcarve.control.operations import Operation, OperationQueue
 from pgcarve.errors import ConfigError, GuestCommandFailed, GuestNotReady
 from pgcarve.virt.agent import run_in_guest
 
@@ -35,8 +36,53 @@ class BackupTaken:
 class Backups:
     """The backup tool's commands for one fleet's instances."""
 
-    def __init__(self, fleet: Fleet):
+    def __init__(self, fleet: Fleet, operations: OperationQueue):
         self.fleet = fleet
+        self.operations = operations
+        operations.runners["backup"] = self.run  # reads the fleet, changes nothing: no refresh after
+
+    # -- requests (the API's) ------------------------------------------------------------------
+
+    def request(self, name: str, kind: str) -> Operation:
+        """Queue a backup of instance `name` (full, diff or incr): NotFound for no such instance,
+        ConfigError for another type or a fleet without a backup section, before anything runs."""
+        backup_type = self.type_of(kind)
+        inst = self.fleet.instance(name, with_endpoints=False)
+        return self.operations.submit("backup", inst.index, {"instance": inst.name, "type": backup_type.value})
+
+    def catalog_of(self, name: str) -> StanzaCatalog:
+        """Instance `name`'s backups and recoverable window, read from the repository."""
+        self._require_configured()
+        return self.catalog(self.fleet.instance(name, with_endpoints=False))
+
+    def run(self, op: Operation) -> str:
+        """A queued backup (kind "backup"): progress as its steps go, its result the new backup."""
+        name, kind = str(op.params["instance"]), BackupType(str(op.params["type"]))
+
+        def progress(step: str, fraction: float) -> None:
+            self.operations.update(op, progress=round(min(0.99, fraction), 3), message=f"{name}: {step}",
+                                   steps={name: {"step": step, "fraction": round(fraction, 3)}})
+
+        taken = self.take(self.fleet.instance(name, with_endpoints=False), kind, progress)
+        record, window = taken.record, taken.catalog.window
+        self.operations.update(op, result={
+            "instance": name, "label": record.label, "type": record.type.value, "guest": taken.guest,
+            "started_at": record.started_at, "stopped_at": record.stopped_at, "size_bytes": record.size_bytes,
+            "repository_bytes": record.repository_bytes, "wal_start": record.wal_start,
+            "wal_stop": record.wal_stop, "recoverable_from": window.earliest if window else None})
+        return (f"{record.type.value} backup {record.label} of {name} taken on {taken.guest}: "
+                f"{record.size_bytes / 2**20:.1f} MiB in {record.stopped_at - record.started_at:.0f} s")
+
+    # -- the tool's commands -------------------------------------------------------------------
+
+    def type_of(self, kind: str) -> BackupType:
+        """The backup type named `kind`, once the fleet is backed up at all; ConfigError otherwise."""
+        try:
+            backup_type = BackupType(kind)
+        except ValueError:
+            raise ConfigError(f"backup type {kind!r} is not one of full, diff, incr") from None
+        self._require_configured()
+        return backup_type
 
     def _require_configured(self) -> None:
         if self.fleet.config.backup is None:
@@ -85,3 +131,4 @@ class Backups:
         if not new:
             raise GuestCommandFailed(f"{inst.name}: the backup finished but the catalog lists no new backup")
         return BackupTaken(record=new[-1], guest=guest.name, catalog=catalog)
+

@@ -15,7 +15,6 @@ import time
 from dataclasses import asdict, replace
 from typing import Any
 
-from pgcarve.backup.catalog import BackupType, StanzaCatalog
 from pgcarve.config import FleetConfig
 from pgcarve.control.backups import Backups
 from pgcarve.control.capacity import check_capacity
@@ -65,9 +64,9 @@ class ManagerService:
         self.leadership = leadership
         self.fleet = Fleet(config, paths, boot_timeout_s=boot_timeout_s)
         self.scaler = Scaler(self.fleet)
-        self.backups = Backups(self.fleet)
         paths.state_dir.mkdir(parents=True, exist_ok=True)
         self.operations = OperationQueue(self._run_operation, journal=paths.state_dir / "operations.json")
+        self.backups = Backups(self.fleet, self.operations)  # runs the queue's "backup" operations
         self.tracker = RateTracker(history_seconds=3600)
         # A primary busy under load (seconds under emulation) still gives its sample late, where a
         # 3 s limit dropped the session and a new one cost more. Rounds do not wait for a slow
@@ -263,8 +262,7 @@ class ManagerService:
             else:
                 state = "not streaming" if guest.info.state == "running" else guest.info.state
             standbys.append({
-                "name": guest.name, "host": guest.info.host,
-                "state": state,
+                "name": guest.name, "host": guest.info.host, "state": state,
                 "sync_state": row.sync_state if row else None,
                 "replay_lag_bytes": row.lag_bytes if row else None,
             })
@@ -403,39 +401,6 @@ class ManagerService:
         target = Switchover(self.fleet, self.scaler.provisioner).target_of(inst, to)
         return self.operations.submit("switchover", inst.index, {"instance": name, "to": target.name})
 
-    def request_backup(self, name: str, kind: str) -> Operation:
-        """Queue a backup of instance `name` (full, diff or incr)."""
-        try:
-            backup_type = BackupType(kind)
-        except ValueError:
-            raise ConfigError(f"backup type {kind!r} is not one of full, diff, incr") from None
-        inst = self._instance(name)
-        if self.fleet.config.backup is None:
-            raise ConfigError("the hosts file has no backup section: instances are not backed up")
-        return self.operations.submit("backup", inst.index, {"instance": name, "type": backup_type.value})
-
-    def backup_catalog(self, name: str) -> StanzaCatalog:
-        """Instance `name`'s backups and recoverable window, read from the repository."""
-        return self.backups.catalog(self.fleet.instance(self._instance(name).name))
-
-    def _run_backup(self, op: Operation) -> str:
-        name, kind = str(op.params["instance"]), BackupType(str(op.params["type"]))
-
-        def progress(step: str, fraction: float) -> None:
-            self.operations.update(op, progress=round(min(0.99, fraction), 3), message=f"{name}: {step}",
-                                   steps={name: {"step": step, "fraction": round(fraction, 3)}})
-
-        taken = self.backups.take(self.fleet.instance(name), kind, progress)
-        record = taken.record
-        window = taken.catalog.window
-        self.operations.update(op, result={
-            "instance": name, "label": record.label, "type": record.type.value, "guest": taken.guest,
-            "started_at": record.started_at, "stopped_at": record.stopped_at, "size_bytes": record.size_bytes,
-            "repository_bytes": record.repository_bytes, "wal_start": record.wal_start, "wal_stop": record.wal_stop,
-            "recoverable_from": window.earliest if window else None})
-        return (f"{record.type.value} backup {record.label} of {name} taken on {taken.guest}: "
-                f"{record.size_bytes / 2**20:.1f} MiB in {record.stopped_at - record.started_at:.0f} s")
-
     def _run_operation(self, op: Operation) -> str | None:
         """Run one queued operation; returns what it did, in words, for the operation's message."""
         lock = threading.Lock()
@@ -449,8 +414,6 @@ class ManagerService:
                 self.operations.update(op, steps=steps, progress=round(min(0.99, overall), 3),
                                        message=f"{name}: {step}")
 
-        if op.kind == "backup":  # reads the fleet, changes nothing in it: no refresh or sweep after
-            return self._run_backup(op)
         try:
             if op.kind == "scale":
                 plan = self.scaler.scale(op.target, progress)
