@@ -151,3 +151,27 @@ def test_a_seed_with_a_bad_archive_command_is_refused(booted: dict[str, Any], tm
     with pytest.raises(SystemExit, match="archive_command"):
         booted["boot"](guest_seed("pgc-01", "primary", backup=backup), "pgc-01-1")
     assert not os.path.exists(str(backup["key_file"]))
+
+
+def test_the_primary_prepares_the_repository_once_and_a_standby_leaves_it(
+        booted: dict[str, Any], tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:  # noqa: F811
+    setup: ModuleType = booted["module"]
+    booted["boot"](guest_seed("pgc-01", "primary", backup=_seed_backup(tmp_path)), "pgc-01-1")
+    ran: list[list[str]] = []
+    in_recovery = {"answer": "t"}
+
+    class Done:
+        def __init__(self, stdout: str = "") -> None:
+            self.returncode, self.stdout, self.stderr = 0, stdout, ""
+
+    def run(argv: list[str], **_kw: Any) -> Done:
+        ran.append(argv)
+        return Done(in_recovery["answer"] if "psql" in argv else "")
+
+    monkeypatch.setattr(setup.subprocess, "run", run)
+    assert setup.backup_stanza() == 0 and not any("stanza-create" in a for a in ran), "a standby leaves it"
+    in_recovery["answer"] = "f"
+    assert setup.backup_stanza() == 0
+    assert [a[-1] for a in ran if "stanza-create" in a] == ["stanza-create"]
+    assert ran[-1][:4] == ["runuser", "-u", "postgres", "--"]
+    assert setup.backup_stanza() == 0 and len([a for a in ran if "stanza-create" in a]) == 1, "once per stanza"

@@ -204,6 +204,8 @@ def seed_document(backup: BackupConfig, stanza: str, postgresql_major: str) -> d
         "config_file": CONFIG_FILE,
         "config": render_config(backup, stanza, guest_data_directory(postgresql_major)),
         "archive_command": archive_command(stanza),
+        # Run by the guest (as postgres) once it is the primary: archiving needs the stanza.
+        "prepare_command": stanza_create(stanza),
         "key_file": PRIVATE_KEY,
         "private_key": private_key,
         "public_key": public_key.strip() + "\n",
