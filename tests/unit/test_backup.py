@@ -93,6 +93,8 @@ def test_the_catalog_has_each_backup_and_the_recoverable_window() -> None:
     full = catalog.backups[0]
     assert full.type is BackupType.FULL and full.size_bytes > 0 and full.stopped_at >= full.started_at
     assert full.wal_start <= full.wal_stop
+    diff = catalog.backups[1]
+    assert diff.type is BackupType.DIFF and diff.prior == full.label and diff.repository_bytes < full.repository_bytes
     window = catalog.window
     assert window is not None and window.earliest == min(b.stopped_at for b in catalog.backups)
     assert window.wal_last is not None and window.wal_last >= catalog.backups[-1].wal_stop
