@@ -51,9 +51,13 @@ class Backups:
         return self.operations.submit("backup", inst.index, {"instance": inst.name, "type": backup_type.value})
 
     def catalog_of(self, name: str) -> StanzaCatalog:
-        """Instance `name`'s backups and recoverable window, read from the repository."""
-        self._require_configured()
-        return self.catalog(self.fleet.instance(name, with_endpoints=False))
+        """Instance `name`'s backups and recoverable window, read from the repository; in a fleet
+        without a backup section, none (its status says why)."""
+        inst = self.fleet.instance(name, with_endpoints=False)
+        if self.fleet.config.backup is None:
+            return StanzaCatalog(name=inst.name, status="not backed up: the hosts file has no backup section",
+                                 backups=(), wal=())
+        return self.catalog(inst)
 
     def run(self, op: Operation) -> str:
         """A queued backup (kind "backup"): progress as its steps go, its result the new backup."""
