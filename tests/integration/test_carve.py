@@ -15,6 +15,7 @@ import subprocess
 import sys
 import threading
 import time
+from pathlib import Path
 from typing import Any
 
 import psycopg
@@ -266,8 +267,10 @@ def test_a_full_backup_under_writes_is_listed_with_its_recoverable_window(carve_
     assert inst.primary is not None
     raw = fleet.hosts[inst.primary.info.host]
     info = run_in_guest(raw, inst.primary.name, pgbackrest.info("pgc-01"), 120, user="postgres")
-    out = IT_STATE.parent / "pgcarve-it-pgbackrest-info.json"
+    out = Path(__file__).resolve().parents[1] / "output" / "pgbackrest-info-pgc-01.json"
+    out.parent.mkdir(exist_ok=True)
     out.write_text(info.stdout)
+    assert pgbackrest.parse_info(info.stdout, "pgc-01").backups[-1].label == result["label"]
     fleet.close()
 
 

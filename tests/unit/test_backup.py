@@ -100,6 +100,15 @@ def test_the_catalog_has_each_backup_and_the_recoverable_window() -> None:
     assert window.wal_last is not None and window.wal_last >= catalog.backups[-1].wal_stop
 
 
+def test_a_booted_guests_catalog_after_its_first_full_backup() -> None:
+    catalog = pgbackrest.parse_info((DATA / "info-guest.json").read_text(), "pgc-01")
+    (full,) = catalog.backups
+    assert full.type is BackupType.FULL and full.prior is None and full.size_bytes > 30 * 2**20
+    assert catalog.wal[0].first.endswith("01"), "archived from the instance's first segment"
+    window = catalog.window
+    assert window is not None and window.earliest == window.latest_proven == full.stopped_at
+
+
 def test_a_stanza_without_backups_has_no_window_and_bad_output_is_named() -> None:
     doc = json.loads((DATA / "info.json").read_text())
     doc[0]["backup"] = []
