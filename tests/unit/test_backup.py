@@ -186,3 +186,20 @@ def test_the_primary_prepares_the_repository_once_and_a_standby_leaves_it(
     assert [a[-1] for a in ran if "stanza-create" in a] == ["stanza-create"]
     assert ran[-1][:4] == ["runuser", "-u", "postgres", "--"]
     assert setup.backup_stanza() == 0 and len([a for a in ran if "stanza-create" in a]) == 1, "once per stanza"
+
+
+def test_the_sandbox_repository_host_is_sftp_only_by_key_and_its_key_is_pinned(tmp_path: Path) -> None:
+    """What `pgcarve sandbox up` makes for its repository host (no namespace or sshd started here)."""
+    from pgcarve.sandbox.repository import SandboxRepository
+
+    repo = SandboxRepository(tmp_path, "abc123", "pgc-abc123-wire")
+    repo._prepare()
+    sshd = set((repo.host_key.parent / "sshd_config").read_text().splitlines())
+    assert {"ForceCommand internal-sftp", "PasswordAuthentication no", "PermitRootLogin prohibit-password",
+            "AllowTcpForwarding no", "ListenAddress 10.76.0.250:22"} <= sshd
+    assert repo.client_key.stat().st_mode & 0o077 == 0
+    config = repo.config()
+    assert config.repository.host_key == " ".join(repo.host_key.with_suffix(".pub").read_text().split()[:2])
+    authorized = (repo.host_key.parent / "authorized_keys").read_text()
+    assert authorized.split()[:2] == repo.client_key.with_suffix(".pub").read_text().split()[:2]
+    assert "-----BEGIN RSA PRIVATE KEY-----" in repo.client_key.read_text(), "PEM: what libssh2 reads"
