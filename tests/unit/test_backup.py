@@ -203,3 +203,10 @@ def test_the_sandbox_repository_host_is_sftp_only_by_key_and_its_key_is_pinned(t
     authorized = (repo.host_key.parent / "authorized_keys").read_text()
     assert authorized.split()[:2] == repo.client_key.with_suffix(".pub").read_text().split()[:2]
     assert "-----BEGIN RSA PRIVATE KEY-----" in repo.client_key.read_text(), "PEM: what libssh2 reads"
+
+
+def test_the_advisors_throw_away_fleets_do_not_archive() -> None:
+    from pgcarve.advice.cases import with_size
+
+    config = FleetConfig.model_validate({"hosts": HOSTS, "backup": backup_section()})
+    assert config.backup is not None and with_size(config, vcpus=2).backup is None
