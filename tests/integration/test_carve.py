@@ -1,9 +1,9 @@
 """Carving for real, in a 3-host sandbox: scale 0 -> 1 -> 2 -> 1 -> 2 over HTTP (the manager killed
 and every libvirtd restarted while the second instance is built, under a writer on the first),
 pinning read back through libvirt, SQL in every primary, synchronous standbys on other hosts,
-committed rows on the standby, a full backup under a writer listed with its recoverable window, the API's aggregate TPS against pgbench's, a scale-down that
-cannot catch up and lifts its fence, and scale-down retiring an instance and scale-up bringing the
-same database back.
+committed rows on the standby, a full backup under a writer listed with its recoverable window,
+the API's aggregate TPS against pgbench's, a scale-down that cannot catch up and lifts its fence,
+and scale-down retiring an instance and scale-up bringing the same database back.
 test_connect.py uses the two instances left here, then purges one. Tests run in file order and
 share the booted guests."""
 
