@@ -19,6 +19,7 @@ from pgcarve.errors import (
     ConfigError,
     Conflict,
     DcsUnavailable,
+    GuestCommandFailed,
     GuestNotReady,
     HostUnreachable,
     ImageMissing,
@@ -37,6 +38,7 @@ from pgcarve_api.listener import Listener, server_names
 from pgcarve_api.metrics import build_registry
 from pgcarve_api.routes import (
     advice,
+    backups,
     ca,
     credentials,
     dashboard,
@@ -66,6 +68,7 @@ STATUS_FOR_ERROR: dict[type[PgcarveError], int] = {
     ImageMissing: 503,
     HostUnreachable: 503,
     LibvirtFailure: 502,
+    GuestCommandFailed: 502,
     GuestNotReady: 504,
     DcsUnavailable: 503,
     NotLeader: 503,  # a standby manager, or a leader that lost its lease mid-request
@@ -199,7 +202,7 @@ def create_app(settings: Settings | None = None, service: ManagerService | None 
         response.headers.setdefault("X-Frame-Options", "DENY")
         return response
 
-    for module in (health, hosts, instances, waits, credentials, incidents, scale, plan, tps, metrics, ca,
+    for module in (health, hosts, instances, backups, waits, credentials, incidents, scale, plan, tps, metrics, ca,
                    advice, dashboard):
         app.include_router(module.router)
     STATIC_DIR.mkdir(exist_ok=True)

@@ -163,6 +163,43 @@ class SwitchoverIn(BaseModel):
                            description="the standby to hand the primary's role to (default: the synchronous one)")
 
 
+class BackupIn(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    type: Literal["full", "diff", "incr"] = Field(
+        "full", description="full; diff: what changed since the last full backup; incr: since the last backup")
+
+
+class BackupOut(BaseModel):
+    label: str
+    type: Literal["full", "diff", "incr"]
+    started_at: float = Field(description="UNIX time")
+    stopped_at: float = Field(description="UNIX time; a restore can stop at any point from here on")
+    size_bytes: int = Field(description="the database as the backup copied it")
+    repository_bytes: int = Field(description="what the backup added to the repository (compressed, changed files)")
+    wal_start: str = Field(description="the first WAL segment a restore of it needs")
+    wal_stop: str = Field(description="the last WAL segment a consistent restore of it needs")
+    lsn_start: str | None
+    lsn_stop: str | None
+    prior: str | None = Field(description="the backup a diff or incr builds on")
+    error: bool = Field(description="the tool found page checksum errors while copying")
+
+
+class WindowOut(BaseModel):
+    earliest: float = Field(description="UNIX time: the oldest point a restore can recover to (the end of the "
+                                        "oldest backup)")
+    latest_proven: float = Field(description="UNIX time: the newest backup's end; archived WAL extends the "
+                                             "window past it towards now (wal_last)")
+    wal_last: str | None = Field(description="the newest WAL segment in the archive")
+
+
+class BackupsOut(BaseModel):
+    instance: str
+    status: str = Field(description="ok, or what the backup tool says is wrong with the instance's stanza")
+    backups: list[BackupOut] = Field(description="oldest first")
+    wal: list[dict[str, str]] = Field(description="archived WAL per database generation: archive_id, first, last")
+    window: WindowOut | None = Field(description="none while the instance has no backup")
+
+
 class OperationAccepted(BaseModel):
     operation: str
     status: Literal["pending", "running", "succeeded", "failed"]

@@ -8,6 +8,8 @@ for real hosts.
 
 from __future__ import annotations
 
+import base64
+import binascii
 import re
 from pathlib import Path, PurePosixPath
 from typing import Literal
@@ -16,7 +18,7 @@ from urllib.parse import urlsplit
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from pgcarve.addresses import check_network
+from pgcarve.addresses import check_address, check_network
 from pgcarve.errors import ConfigError
 
 NAME_PATTERN = r"^[a-z][a-z0-9-]{0,30}$"
@@ -200,6 +202,76 @@ class EtcdConfig(BaseModel):
         return value
 
 
+class BackupRepository(BaseModel):
+    """Where every instance's backups and archived WAL go: an SFTP server (a repository host of its
+    own, off every database host). The guests log in with the fleet's key pair and check the
+    server's host key; neither the private key nor its path reaches tfvars or logs."""
+
+    model_config = ConfigDict(extra="forbid")
+    type: Literal["sftp"] = Field("sftp", description="how guests reach the repository (SFTP only for now)")
+    host: str = Field(description="the repository host's address, as the guests reach it")
+    port: int = Field(22, ge=1, le=65535)
+    user: str = Field("pgcarve", pattern=r"^[a-z_][a-z0-9_-]{0,31}$", description="the SFTP login")
+    path: str = Field(description="the repository's directory on that host (absolute)")
+    host_key: str = Field(description="the server's public host key, as in its .pub file: 'TYPE BASE64'")
+    private_key_file: str = Field(
+        description="the fleet's private key for the repository (absolute path on the manager's machine, "
+                    "mode 0600); its public half, FILE.pub, must be authorized on the repository host")
+
+    @field_validator("host")
+    @classmethod
+    def _address(cls, value: str) -> str:
+        try:
+            return check_address(value)
+        except ConfigError as exc:
+            raise ValueError(str(exc)) from None
+
+    @field_validator("path", "private_key_file")
+    @classmethod
+    def _absolute_path(cls, value: str) -> str:
+        if not PurePosixPath(value).is_absolute() or any(c in value for c in "\n\r=#'\"$`\\ "):
+            raise ValueError(f"{value!r} must be an absolute path without spaces, quotes, '=', '#' or '$'")
+        return value
+
+    @field_validator("host_key")
+    @classmethod
+    def _public_key(cls, value: str) -> str:
+        fields = value.split()
+        if len(fields) < 2 or not re.fullmatch(r"(ssh|ecdsa)-[a-z0-9-]+", fields[0]):
+            raise ValueError("host_key must be 'TYPE BASE64' as in the server's ssh_host_*_key.pub "
+                             "(e.g. 'ssh-ed25519 AAAA...')")
+        try:
+            base64.b64decode(fields[1], validate=True)
+        except (ValueError, binascii.Error):
+            raise ValueError("host_key's second field is not base64") from None
+        return " ".join(fields[:2])
+
+
+class BackupConfig(BaseModel):
+    """Backups and WAL archiving of every instance (one repository for the fleet)."""
+
+    model_config = ConfigDict(extra="forbid")
+    repository: BackupRepository
+    full_every_days: int = Field(7, ge=1, le=90, description="a full backup this often (the schedule; "
+                                 "not run by the manager yet: take backups with `pgcarve backup`)")
+    diff_every_hours: int = Field(24, ge=1, le=24 * 30, description="a differential backup this often")
+    retention_full: int = Field(2, ge=1, le=100, description="full backups kept per instance (with the WAL "
+                                "and the differential and incremental backups that depend on them)")
+    retention_diff: int = Field(7, ge=1, le=1000, description="differential backups kept per instance")
+    archive_queue_max_mib: int = Field(
+        1024, ge=64, le=1024 * 1024,
+        description="WAL waiting to be archived, per guest, beyond which it is dropped (the archive gets a gap, "
+                    "the next backup is needed for recovery past it) instead of filling pg_wal and stopping "
+                    "commits when the repository cannot be reached")
+
+    @model_validator(mode="after")
+    def _schedule(self) -> BackupConfig:
+        if self.diff_every_hours > self.full_every_days * 24:
+            raise ValueError(f"backup.diff_every_hours ({self.diff_every_hours}) is longer than the time between "
+                             f"full backups ({self.full_every_days} days = {self.full_every_days * 24} h)")
+        return self
+
+
 class FleetConfig(BaseModel):
     model_config = ConfigDict(extra="forbid")
     fleet: str = Field("pgc", pattern=r"^[a-z][a-z0-9]{0,15}$", description="prefix of every guest name")
@@ -210,6 +282,8 @@ class FleetConfig(BaseModel):
     allowed_cidrs: list[str] = Field(default_factory=lambda: ["10.77.0.0/16"],
                                      description="networks allowed to log in to PostgreSQL")
     etcd: EtcdConfig | None = Field(None, description="the fleet's etcd (Patroni's leader keys); doctor needs it")
+    backup: BackupConfig | None = Field(None, description="backups and WAL archiving; none: instances are not "
+                                        "backed up")
     hosts: list[HostConfig]
 
     @field_validator("allowed_cidrs")

@@ -72,3 +72,8 @@ class PatroniUnavailable(GuestNotReady):
 
 class NotLeader(PgcarveError):
     """This manager does not hold the fleet's leadership lease (or no longer does): it may not act."""
+
+
+class GuestCommandFailed(PgcarveError):
+    """A command run inside a guest (through its agent) could not run, did not finish in time, or
+    exited with an error; the message carries the command's own words."""

@@ -143,7 +143,9 @@ def _planned_guest(fleet: Fleet, provisioner: Provisioner, host: HostConfig,
         guest = standbys[number - 1][0]
         seed = replace(provisioner.seed(guest, name, "standby", secrets, primary_host=addresses[name]),
                        create_slot=True)
-    seed = replace(seed, replication_peers=tuple(a for g, a in addresses.items() if g != guest))
+    # No backup section: the fleet's repository key must not be written into a tfvars file; guests
+    # laid out by Terraform do not archive yet (README, Backups).
+    seed = replace(seed, replication_peers=tuple(a for g, a in addresses.items() if g != guest), backup=None)
     meta = InstanceMetadata(fleet=config.fleet, cluster=name, role="primary" if not number else "standby",
                             index=index, standby=number, created_by="terraform")
     return meta, seed, addresses[guest]

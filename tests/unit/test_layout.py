@@ -28,11 +28,12 @@ ALLOWED = {
     "pgcarve.postgres": set(),
     "pgcarve.guest": {"pgcarve.virt", "pgcarve.postgres", "pgcarve.planning"},
     "pgcarve.dcs": set(),
+    "pgcarve.backup": set(),
     "pgcarve.patroni": {"pgcarve.dcs"},
     "pgcarve.statedir": {"pgcarve.guest"},
     "pgcarve.sandbox": {"pgcarve.virt", "pgcarve.guest", "pgcarve.dcs", "pgcarve.statedir"},
     "pgcarve.control": {"pgcarve.planning", "pgcarve.virt", "pgcarve.postgres", "pgcarve.guest", "pgcarve.sandbox",
-                        "pgcarve.dcs", "pgcarve.patroni", "pgcarve.statedir"},
+                        "pgcarve.dcs", "pgcarve.patroni", "pgcarve.statedir", "pgcarve.backup"},
     "pgcarve.tfvars": {"pgcarve.control", "pgcarve.guest", "pgcarve.virt", "pgcarve.planning"},
     "pgcarve.advice": {"pgcarve.control", "pgcarve.planning", "pgcarve.postgres", "pgcarve.guest", "pgcarve.virt"},
     "pgcarve.cli": {"pgcarve.control", "pgcarve.planning", "pgcarve.postgres", "pgcarve.sandbox", "pgcarve.tfvars",
@@ -91,6 +92,24 @@ def test_sql_is_written_only_in_the_postgres_package() -> None:
         for node in ast.walk(tree):
             if (isinstance(node, ast.Constant) and isinstance(node.value, str) and id(node) not in docstrings
                     and SQL.match(node.value) and len(node.value.split()) >= 3):
+                offenders.append(f"{path.relative_to(REPO)}:{node.lineno}: {node.value[:60]!r}")
+    assert offenders == []
+
+
+def test_only_the_backup_module_names_the_backup_tool() -> None:
+    """No string the product uses outside backup/pgbackrest.py says `pgbackrest` (prose aside):
+    a change of tool touches that module and the image only."""
+    offenders = []
+    for path in modules(PRODUCT) + modules(API):
+        if path == PRODUCT / "backup" / "pgbackrest.py":
+            continue
+        tree = ast.parse(path.read_text())
+        docstrings = {id(n.body[0].value) for n in ast.walk(tree)
+                      if isinstance(n, ast.Module | ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef)
+                      and n.body and isinstance(n.body[0], ast.Expr) and isinstance(n.body[0].value, ast.Constant)}
+        for node in ast.walk(tree):
+            if (isinstance(node, ast.Constant) and isinstance(node.value, str) and id(node) not in docstrings
+                    and "pgbackrest" in node.value.lower()):
                 offenders.append(f"{path.relative_to(REPO)}:{node.lineno}: {node.value[:60]!r}")
     assert offenders == []
 

@@ -443,6 +443,7 @@ MUTATION_BODIES: dict[tuple[str, str], dict[str, object]] = {
     ("PUT", "/v1/scale"): {"instances": 1},
     ("POST", "/v1/instances/{name}/failover"): {"to": "pgc-01-s1", "force": True},
     ("POST", "/v1/instances/{name}/switchover"): {},
+    ("POST", "/v1/instances/{name}/backups"): {"type": "full"},
     ("POST", "/v1/advice"): {"max_instances": 2, "seconds": 5, "repeat": 1, "clients": 4},
 }
 WRONG_AUTH: list[dict[str, str | bytes]] = [

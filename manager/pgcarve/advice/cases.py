@@ -83,9 +83,11 @@ def with_size(config: FleetConfig, vcpus: int | None = None, standbys: int | Non
     if synchronous_commit is not None:
         repl_update["synchronous_commit"] = synchronous_commit
     replication = config.replication.model_copy(update=repl_update)
+    # No backup section: a case's guests are thrown away after their run, and archiving their WAL
+    # would both load the guests being measured and leave a stanza per case in the repository.
     return FleetConfig.model_validate({**config.model_dump(mode="json"), "instance": instance.model_dump(),
                                        "replication": replication.model_dump(),
-                                       "fleet": fleet or config.fleet})
+                                       "fleet": fleet or config.fleet, "backup": None})
 
 
 def remove_all(fleet: Fleet) -> None:

@@ -29,6 +29,7 @@ from collections.abc import Callable
 
 from pgcarve.cli import (
     advise_commands,
+    backup_commands,
     connect_commands,
     doctor_commands,
     etcd_commands,
@@ -114,6 +115,7 @@ def build_parser(settings: Settings) -> argparse.ArgumentParser:
     scale.set_defaults(func=server_commands.cmd_scale)
 
     ha_commands.add_parsers(sub)
+    backup_commands.add_parsers(sub)
     connect_commands.add_parsers(sub)
 
     server = sub.add_parser("server", help="start/stop `pgcarve serve` in the background")

@@ -25,6 +25,7 @@ from pathlib import Path
 
 import psycopg
 
+from pgcarve.backup import pgbackrest
 from pgcarve.config import HostConfig
 from pgcarve.control.access import refresh_replication_access
 from pgcarve.control.capacity import require_free_space
@@ -35,6 +36,7 @@ from pgcarve.control.sync_record import SyncRecord
 from pgcarve.errors import CapacityError, GuestNotReady, PgcarveError
 from pgcarve.failpoints import failpoint
 from pgcarve.guest.credentials import InstanceSecrets
+from pgcarve.guest.image import LocalImage
 from pgcarve.guest.seed import GuestSeed, Role, patroni_seed, write_seed_iso
 from pgcarve.naming import application_name, disk_volume, instance_name, seed_volume, slot_name, standby_name
 from pgcarve.postgres import replication
@@ -89,12 +91,17 @@ class Provisioner:
         config = self.fleet.config
         ca = self.fleet.ca
         patroni = patroni_seed(config, instance, secrets)
+        backup = None
+        if config.backup is not None:
+            major = LocalImage(self.fleet.images.image_dir).versions().get("postgresql_major", "")
+            backup = pgbackrest.seed_document(config.backup, instance, major)
         return GuestSeed(
             name=name, role=role, credentials=self.fleet.credentials,
             allowed_cidrs=tuple(config.allowed_cidrs), secrets=secrets,
             # Under Patroni the same certificate is the guest's etcd client certificate too.
             tls=ca.issue_certificate(dns_names=list(dict.fromkeys([name, instance])), client=patroni is not None),
             patroni=patroni,
+            backup=backup,
             ca_pem=ca.certificate_pem(),
             synchronous_commit=config.replication.synchronous_commit,
             synchronous_standby_names=sync_names,

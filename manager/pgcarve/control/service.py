@@ -16,6 +16,7 @@ from dataclasses import replace
 from typing import Any
 
 from pgcarve.config import FleetConfig
+from pgcarve.control.backups import Backups
 from pgcarve.control.capacity import check_capacity
 from pgcarve.control.collector import Collector, Target
 from pgcarve.control.fleet import Fleet, Instance, Progress
@@ -64,6 +65,7 @@ class ManagerService:
         self.scaler = Scaler(self.fleet)
         paths.state_dir.mkdir(parents=True, exist_ok=True)
         self.operations = OperationQueue(self._run_operation, journal=paths.state_dir / "operations.json")
+        self.backups = Backups(self.fleet, self.operations)  # runs the queue's "backup" operations
         self.tracker = RateTracker(history_seconds=3600)
         # A primary busy under load (seconds under emulation) still gives its sample late, where a
         # 3 s limit dropped the session and a new one cost more. Rounds do not wait for a slow

@@ -134,6 +134,9 @@ class GuestSeed:
     from_image: bool = False
     # Patroni runs PostgreSQL and decides roles (replication.roles: patroni); None: the manager does.
     patroni: PatroniSeed | None = None
+    # WAL archiving and backups (backup/pgbackrest.py seed_document: files to write as they are, the
+    # archive_command, the fleet's repository key); None: the fleet has no backup section.
+    backup: dict[str, object] | None = field(default=None, repr=False)
 
     def __post_init__(self) -> None:
         if not INSTANCE_NAME_RE.fullmatch(self.name):
@@ -185,6 +188,8 @@ class GuestSeed:
         }
         if self.patroni is not None:
             doc["patroni"] = self.patroni.document(self.secrets.replication_password)
+        if self.backup is not None:
+            doc["backup"] = dict(self.backup)
         if self.clusters > 1:  # absent means one: seeds of ordinary guests stay as they were
             doc["clusters"] = self.clusters
         if self.replication_peers:

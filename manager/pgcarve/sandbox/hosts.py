@@ -38,6 +38,7 @@ from pgcarve.sandbox.forward import ForwardRegistry
 from pgcarve.sandbox.libvirt_files import START_DAEMONS, write_libvirt_config
 from pgcarve.sandbox.namespaces import NETNS_DIR, netns_exists, run_checked, same_netns, stop_namespace_processes
 from pgcarve.sandbox.remote import SSHD, TRANSPORTS, ManagerSide, authorize, host_public_key, sshd_config, wire_manager
+from pgcarve.sandbox.repository import SandboxRepository
 from pgcarve.settings import Paths
 from pgcarve.statedir.layout import make_fleet_ca_if_new
 from pgcarve.virt.host import LibvirtHost
@@ -103,6 +104,7 @@ class Sandbox:
         # etcd's certificates come from the state directory's fleet CA (the sandbox is <state>/sandbox).
         self.etcd = SandboxEtcd(self.directory, self.tag, self.wire_netns, FleetCA(self.directory.parent / "tls"),
                                 self.forwards)
+        self.repository = SandboxRepository(self.directory, self.tag, self.wire_netns)
 
     @property
     def wire_netns(self) -> str:
@@ -237,6 +239,9 @@ class Sandbox:
             wire_manager(self.manager, self.wire_netns,
                          {GUEST_NET.format(i=h.index): h.address for h in self.hosts()}, run_checked)
         self.etcd.up([(h.name, h.netns, h.address) for h in self.hosts()], progress)
+        if SSHD.exists():
+            progress(f"backup repository host (SFTP) in namespace {self.repository.netns}")
+            self.repository.up()
         config = self.fleet_config(hosts, size)
         write_fleet_config(config, self.directory / "hosts.yaml")
         return config
@@ -268,6 +273,7 @@ class Sandbox:
                                     synchronous_commit="remote_write", retire_catch_up_s=120),
             allowed_cidrs=["10.77.0.0/16", "10.76.0.0/24"],
             etcd=self.etcd.config(direct=ssh) if self.etcd.members() else None,
+            backup=self.repository.config() if self.repository.running() is not None else None,
             hosts=host_configs,
         )
 
@@ -385,6 +391,7 @@ class Sandbox:
             self.copy_logs(keep_logs)
         self.forwards.remove_all()
         self.etcd.down()
+        self.repository.down()
         for host in self.hosts():
             progress(f"stopping sandbox host {host.name}")
             if self.daemon(host, "libvirtd"):
@@ -440,4 +447,4 @@ class Sandbox:
                 left.append(f"namespace {netns}")
         if self.socket_root.exists():
             left.append(f"directory {self.socket_root}")
-        return left + self.etcd.leftovers()
+        return left + self.etcd.leftovers() + self.repository.leftovers()
