@@ -30,6 +30,7 @@ from pgcarve.config import FleetConfig
 from pgcarve.control.fleet import Fleet
 from pgcarve.control.removal import remove_instance
 from pgcarve.dcs.etcd import EtcdClient
+from pgcarve.errors import DcsUnavailable
 from pgcarve.patroni.store import read_cluster
 from pgcarve.patroni.view import ClusterView
 from pgcarve.processes import stop_pid
@@ -85,6 +86,14 @@ def cluster(env: CarveEnv) -> ClusterView:
     return view
 
 
+def cluster_if_readable(env: CarveEnv) -> ClusterView | None:
+    """The cluster, or None while etcd cannot answer (a member cut off, a leader being elected)."""
+    try:
+        return cluster(env)
+    except DcsUnavailable:
+        return None
+
+
 def member(guest: str) -> str:
     """A guest's Patroni member name (its application_name)."""
     return guest.replace("-", "_")
@@ -92,7 +101,9 @@ def member(guest: str) -> str:
 
 def whole(env: CarveEnv) -> ClusterView | None:
     """The cluster once it has a leader and two streaming replicas, one of them synchronous."""
-    view = cluster(env)
+    view = cluster_if_readable(env)
+    if view is None:
+        return None
     replicas = [m for m in view.members if m.name != view.leader and m.replication_state == "streaming"]
     return view if view.leader and len(replicas) == 2 and view.synchronous_standbys else None
 
@@ -164,7 +175,8 @@ def test_patroni_fails_over_without_the_manager_and_the_manager_follows(env: Car
             cut_at = time.monotonic()
             faults.partition(leader_host)
             try:
-                moved = wait_for(lambda: (v := cluster(env)).leader not in (None, member(leader_guest)) and v,
+                moved = wait_for(lambda: (v := cluster_if_readable(env))
+                                 and v.leader not in (None, member(leader_guest)) and v,
                                  f"a leader other than {leader_guest}", 180)
                 writer.wait_for_acks(20, 120, f"commits with {leader_host} cut off")
                 print(f"{leader_host} cut off: {moved.leader} leads after {time.monotonic() - cut_at:.1f} s; writes "
@@ -192,7 +204,8 @@ def test_patroni_fails_over_without_the_manager_and_the_manager_follows(env: Car
                 for name in stopped:
                     env.sandbox.etcd.start_member(name)
             env.sandbox.etcd.wait_healthy()
-            assert wait_for(lambda: cluster(env).leader, "a leader once etcd is back", 120) == before, \
+            assert wait_for(lambda: (v := cluster_if_readable(env)) and v.leader, "a leader once etcd is back",
+                            120) == before, \
                 "etcd's outage moved the leader"
     finally:
         writer.stop()
