@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import ast
 import re
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -79,38 +80,31 @@ def test_only_the_virt_package_imports_libvirt() -> None:
     assert offenders == []
 
 
+def code_strings(path: Path) -> Iterator[tuple[int, str]]:
+    """The string literals of a module that are not docstrings: (line, text)."""
+    tree = ast.parse(path.read_text())
+    docstrings = {id(n.body[0].value) for n in ast.walk(tree)
+                  if isinstance(n, ast.Module | ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef)
+                  and n.body and isinstance(n.body[0], ast.Expr) and isinstance(n.body[0].value, ast.Constant)}
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Constant) and isinstance(node.value, str) and id(node) not in docstrings:
+            yield node.lineno, node.value
+
+
 def test_sql_is_written_only_in_the_postgres_package() -> None:
     """String literals that read as SQL statements, outside pgcarve.postgres (docstrings aside)."""
-    offenders = []
-    for path in modules(PRODUCT) + modules(API):
-        if path.is_relative_to(PRODUCT / "postgres"):
-            continue
-        tree = ast.parse(path.read_text())
-        docstrings = {id(n.body[0].value) for n in ast.walk(tree)
-                      if isinstance(n, ast.Module | ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef)
-                      and n.body and isinstance(n.body[0], ast.Expr) and isinstance(n.body[0].value, ast.Constant)}
-        for node in ast.walk(tree):
-            if (isinstance(node, ast.Constant) and isinstance(node.value, str) and id(node) not in docstrings
-                    and SQL.match(node.value) and len(node.value.split()) >= 3):
-                offenders.append(f"{path.relative_to(REPO)}:{node.lineno}: {node.value[:60]!r}")
+    offenders = [f"{path.relative_to(REPO)}:{line}: {text[:60]!r}"
+                 for path in modules(PRODUCT) + modules(API) if not path.is_relative_to(PRODUCT / "postgres")
+                 for line, text in code_strings(path) if SQL.match(text) and len(text.split()) >= 3]
     assert offenders == []
 
 
 def test_only_the_backup_module_names_the_backup_tool() -> None:
     """No string the product uses outside backup/pgbackrest.py says `pgbackrest` (prose aside):
     a change of tool touches that module and the image only."""
-    offenders = []
-    for path in modules(PRODUCT) + modules(API):
-        if path == PRODUCT / "backup" / "pgbackrest.py":
-            continue
-        tree = ast.parse(path.read_text())
-        docstrings = {id(n.body[0].value) for n in ast.walk(tree)
-                      if isinstance(n, ast.Module | ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef)
-                      and n.body and isinstance(n.body[0], ast.Expr) and isinstance(n.body[0].value, ast.Constant)}
-        for node in ast.walk(tree):
-            if (isinstance(node, ast.Constant) and isinstance(node.value, str) and id(node) not in docstrings
-                    and "pgbackrest" in node.value.lower()):
-                offenders.append(f"{path.relative_to(REPO)}:{node.lineno}: {node.value[:60]!r}")
+    offenders = [f"{path.relative_to(REPO)}:{line}: {text[:60]!r}"
+                 for path in modules(PRODUCT) + modules(API) if path != PRODUCT / "backup" / "pgbackrest.py"
+                 for line, text in code_strings(path) if "pgbackrest" in text.lower()]
     assert offenders == []
 
 
