@@ -88,7 +88,9 @@ def test_guests_being_built_or_removed_on_purpose_are_not_faults(
     define(conn, 3)
     conn.lookupByName("pgc-03").destroy()  # a real fault, as a marker that events were processed
     incidents = wait_incidents(supervisor, 1)
-    assert [i.guest for i in incidents] == ["pgc-03"]
+    assert [i.guest for i in incidents] == ["pgc-03"], (
+        f"{supervisor.events_seen} lifecycle event(s) reached the supervisor; its loop is "
+        f"{'alive' if supervisor._thread.is_alive() else 'dead'}")
 
 
 def test_half_made_instances_are_removed_on_restart(tmp_path: Path) -> None:

@@ -98,6 +98,7 @@ class Supervisor:
         self.retry_s = fleet.config.recovery.retry_after_s if retry_s is None else retry_s
         self.counts: dict[str, int] = {}
         self.sweeps = 0
+        self.events_seen = 0  # lifecycle events taken from the watches (for tests and diagnosis)
         self._ids = itertools.count(1)
         self._incidents: deque[Incident] = deque(maxlen=500)
         self._lock = threading.Lock()
@@ -123,12 +124,14 @@ class Supervisor:
         if self.fleet.patroni is None:  # under Patroni the synchronous set and fencing are Patroni's
             self.watch.start()
 
-    def stop(self) -> None:
+    def stop(self, wait_s: float = 2.0) -> None:
+        """Stop the loop and the event watches, waiting up to `wait_s` for each watch to let go of
+        its connection."""
         self._stop.set()
         self._events.put(None)
         self.watch.stop()
         for watch in self._watches:
-            watch.stop()
+            watch.stop(wait_s)
 
     def wait_connected(self, timeout_s: float) -> bool:
         deadline = time.monotonic() + timeout_s
@@ -179,6 +182,7 @@ class Supervisor:
             if self._stop.is_set():
                 return
             if event is not None:
+                self.events_seen += 1
                 self._on_event(event)
             if self._sweep_now.is_set() or time.monotonic() >= next_sweep:
                 self._sweep_now.clear()

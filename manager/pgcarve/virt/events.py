@@ -84,9 +84,14 @@ class LifecycleWatch:
         start_event_loop()
         self._thread.start()
 
-    def stop(self) -> None:
+    def stop(self, wait_s: float = 0.0) -> None:
+        """Stop following events; with `wait_s`, wait that long for the callback to be deregistered
+        and the connection closed (a watch started right after on the same driver then never runs
+        beside this one's deregistration)."""
         self._stop.set()
         self._closed.set()
+        if wait_s > 0 and self._thread.is_alive():
+            self._thread.join(wait_s)
 
     def _callback(self, _conn: libvirt.virConnect, dom: libvirt.virDomain, event: int, detail: int,
                   _opaque: object) -> None:
