@@ -41,9 +41,15 @@ from pgcarve.dcs.etcd import EtcdClient
 from pgcarve.dcs.health import MIN_MEMBERS, ClusterHealth, assess
 from pgcarve.errors import DcsUnavailable, PgcarveError, SandboxError
 from pgcarve.guest.tls import FleetCA, write_key_and_certificate
-from pgcarve.processes import ProcessRecord, ProcessStatus
+from pgcarve.processes import ProcessRecord
 from pgcarve.sandbox.forward import ForwardRegistry
-from pgcarve.sandbox.namespaces import NETNS_DIR, netns_exists, run_checked, same_netns, stop_namespace_processes
+from pgcarve.sandbox.namespaces import (
+    NETNS_DIR,
+    adopt_daemon,
+    netns_exists,
+    run_checked,
+    stop_namespace_processes,
+)
 
 MAX_HOSTS = 8  # as sandbox/hosts.py: every guest network a witness may have to answer
 CLIENT_PORT = 2379
@@ -267,18 +273,7 @@ class SandboxEtcd:
         self.forwards.ensure(member.forward_name, str(NETNS_DIR / member.netns), f"{member.address}:{CLIENT_PORT}")
 
     def _adopt(self, member: MemberSpec, pid_file: Path) -> ProcessRecord | None:
-        """Record the PID in the pid file if it is etcd inside the member's namespace."""
-        try:
-            pid = int(pid_file.read_text().strip())
-            record = processes.record_process(pid)
-            ours = (bool(record.cmdline) and Path(record.cmdline[0]).name == "etcd"
-                    and same_netns(Path(f"/proc/{pid}/ns/net"), NETNS_DIR / member.netns))
-        except (FileNotFoundError, ValueError, ProcessLookupError, PermissionError):
-            return None
-        if not ours or processes.check(record) is not ProcessStatus.RUNNING:
-            return None
-        processes.write_record(member.record_file, record)
-        return record
+        return adopt_daemon(pid_file, "etcd", NETNS_DIR / member.netns, member.record_file)
 
     def _log_tail(self, member: MemberSpec) -> str:
         log = member.directory / "etcd.log"

@@ -14,7 +14,8 @@ from pathlib import Path
 import pgcarve.processes as processes
 from pgcarve.errors import SandboxError
 from pgcarve.processes import ProcessStatus
-from pgcarve.sandbox.hosts import GUEST_BRIDGE, Sandbox, run_checked, same_netns
+from pgcarve.sandbox.hosts import GUEST_BRIDGE, Sandbox, run_checked
+from pgcarve.sandbox.namespaces import same_netns
 
 
 class SandboxFaults:

@@ -32,11 +32,17 @@ import pgcarve.processes as processes
 from pgcarve.config import FleetConfig, HostConfig, InstanceSize, Replication, write_fleet_config
 from pgcarve.errors import SandboxError
 from pgcarve.guest.tls import FleetCA
-from pgcarve.processes import ProcessRecord, ProcessStatus
+from pgcarve.processes import ProcessRecord
 from pgcarve.sandbox.etcd import SandboxEtcd
 from pgcarve.sandbox.forward import ForwardRegistry
 from pgcarve.sandbox.libvirt_files import START_DAEMONS, write_libvirt_config
-from pgcarve.sandbox.namespaces import NETNS_DIR, netns_exists, run_checked, same_netns, stop_namespace_processes
+from pgcarve.sandbox.namespaces import (
+    NETNS_DIR,
+    adopt_daemon,
+    netns_exists,
+    run_checked,
+    stop_namespace_processes,
+)
 from pgcarve.sandbox.remote import SSHD, TRANSPORTS, ManagerSide, authorize, host_public_key, sshd_config, wire_manager
 from pgcarve.sandbox.repository import SandboxRepository
 from pgcarve.settings import Paths
@@ -166,23 +172,8 @@ class Sandbox:
         return record if record is not None else self._adopt_daemon(host, daemon)
 
     def _adopt_daemon(self, host: SandboxHost, daemon: str) -> ProcessRecord | None:
-        """Record the PID in the daemon's own pid file if it is `daemon` running in the host's
-        network namespace. A pid file from before a reboot fails that (the namespace is gone or
-        new; the PID is someone else's), and so does a PID reused by any other process."""
-        try:
-            pid = int((host.directory / "pids" / f"{daemon}.pid").read_text().strip())
-            record = processes.record_process(pid)
-            # sshd retitles itself "sshd: /usr/sbin/sshd -f ...".
-            program = record.cmdline[0].split()[0].rstrip(":") if record.cmdline and record.cmdline[0] else ""
-            ours = (Path(program).name == daemon
-                    and same_netns(Path(f"/proc/{pid}/ns/net"), host.netns_path))
-        except (FileNotFoundError, ValueError, ProcessLookupError, PermissionError):
-            return None
-        # Checked again: the PID could have changed hands while its namespace was looked at.
-        if not ours or processes.check(record) is not ProcessStatus.RUNNING:
-            return None
-        processes.write_record(host.directory / "pids" / f"{daemon}.json", record)
-        return record
+        pids = host.directory / "pids"
+        return adopt_daemon(pids / f"{daemon}.pid", daemon, host.netns_path, pids / f"{daemon}.json")
 
     def record_daemons(self, host: SandboxHost, daemons: tuple[str, ...]) -> None:
         """Record daemons just started (their pid files are fresh now); SandboxError if a pid

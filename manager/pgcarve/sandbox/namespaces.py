@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pgcarve.processes as processes
 from pgcarve.errors import SandboxError
-from pgcarve.processes import ProcessStatus
+from pgcarve.processes import ProcessRecord, ProcessStatus
 
 NETNS_DIR = Path("/run/netns")  # where `ip netns add` keeps the namespaces it names
 
@@ -52,3 +52,23 @@ def stop_namespace_processes(netns: str) -> None:
             time.sleep(0.1)
         for record in records:
             processes.signal_process(record, signal.SIGKILL)
+
+
+def adopt_daemon(pid_file: Path, program: str, netns_path: Path, record_file: Path) -> ProcessRecord | None:
+    """Record the PID in a daemon's own pid file (at `record_file`) if it is `program` running in
+    the network namespace at `netns_path`. A pid file from before a reboot fails that (the
+    namespace is gone or new; the PID is someone else's), and so does a PID reused by any other
+    process."""
+    try:
+        pid = int(pid_file.read_text().strip())
+        record = processes.record_process(pid)
+        # sshd retitles itself "sshd: /usr/sbin/sshd -f ...".
+        first = record.cmdline[0].split()[0].rstrip(":") if record.cmdline and record.cmdline[0] else ""
+        ours = Path(first).name == program and same_netns(Path(f"/proc/{pid}/ns/net"), netns_path)
+    except (FileNotFoundError, ValueError, ProcessLookupError, PermissionError):
+        return None
+    # Checked again: the PID could have changed hands while its namespace was looked at.
+    if not ours or processes.check(record) is not ProcessStatus.RUNNING:
+        return None
+    processes.write_record(record_file, record)
+    return record

@@ -25,8 +25,14 @@ from pathlib import Path
 import pgcarve.processes as processes
 from pgcarve.config import BackupConfig, BackupRepository
 from pgcarve.errors import SandboxError
-from pgcarve.processes import ProcessRecord, ProcessStatus
-from pgcarve.sandbox.namespaces import NETNS_DIR, netns_exists, run_checked, same_netns, stop_namespace_processes
+from pgcarve.processes import ProcessRecord
+from pgcarve.sandbox.namespaces import (
+    NETNS_DIR,
+    adopt_daemon,
+    netns_exists,
+    run_checked,
+    stop_namespace_processes,
+)
 from pgcarve.sandbox.remote import SSHD
 
 ADDRESS = "10.76.0.250"  # on the sandbox wire (hosts are .1-.8, witnesses .241-.242, the manager .254)
@@ -174,18 +180,7 @@ class SandboxRepository:
             time.sleep(0.05)
 
     def _adopt(self, pid_file: Path) -> ProcessRecord | None:
-        """Record the PID in sshd's pid file if it is sshd inside the repository's namespace."""
-        try:
-            pid = int(pid_file.read_text().strip())
-            record = processes.record_process(pid)
-            program = record.cmdline[0].split()[0].rstrip(":") if record.cmdline and record.cmdline[0] else ""
-            ours = Path(program).name == "sshd" and same_netns(Path(f"/proc/{pid}/ns/net"), NETNS_DIR / self.netns)
-        except (FileNotFoundError, ValueError, ProcessLookupError, PermissionError):
-            return None
-        if not ours or processes.check(record) is not ProcessStatus.RUNNING:
-            return None
-        processes.write_record(self.record_file, record)
-        return record
+        return adopt_daemon(pid_file, "sshd", NETNS_DIR / self.netns, self.record_file)
 
     # -- stopped and started (tests: a lost repository) --------------------------------------
 
