@@ -260,7 +260,7 @@ def boots_in(fleet: Fleet, seconds: float) -> Readiness:
     """The test driver's readiness (accepts_sql_at_once) after `seconds`, as if the guest booted."""
     at_once = accepts_sql_at_once(fleet)
 
-    def ready(host: HostConfig, name: str, progress: Progress, standby: bool) -> Guest:
+    def ready(host: HostConfig, name: str, progress: Progress, standby: bool | None) -> Guest:
         time.sleep(seconds)
         return at_once(host, name, progress, standby)
 

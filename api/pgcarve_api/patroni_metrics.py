@@ -41,6 +41,11 @@ class PatroniMetrics(Collector):
                                    "instance", labels=["instance"])
         if read_at is not None:
             for name, view in sorted(views.items()):
+                if not view.leader and not view.members:
+                    # Keys with no member behind them: a retired instance's, kept for its return
+                    # (control/retirement.py). An instance whose guests are all down has no member
+                    # either; PgcarveInstanceDown reports that one.
+                    continue
                 has_leader.add_metric([name], 1.0 if view.leader else 0.0)
                 if view.leader:
                     leader.add_metric([name, guest_of_member(view.leader)], 1.0)

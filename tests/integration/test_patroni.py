@@ -12,8 +12,12 @@ In sequence, on the one fleet:
    healed, the old leader rejoins as a replica;
 5. etcd without quorum (two of three members stopped): the leader keeps acknowledging commits
    (failsafe mode: it still reaches every member) and no failover happens;
-6. every acknowledged commit is on the final primary; removing the instance removes its keys.
-A scale-down, which Patroni's fleets cannot do yet, is refused and changes nothing.
+6. scaled down to none: the instance is retired under the writer (writes refused, a synchronous
+   standby caught up, its guests gone), its disks and Patroni keys kept;
+7. scaled up again: its members boot from their disks, Patroni elects a leader from the kept
+   keys and the writer's unchanged rw string writes again;
+8. every acknowledged commit is on the final primary; retired again and purged, the instance
+   leaves no disk and no key in etcd.
 """
 
 from __future__ import annotations
@@ -28,7 +32,7 @@ import pytest
 import yaml
 from pgcarve.config import FleetConfig
 from pgcarve.control.fleet import Fleet
-from pgcarve.control.removal import remove_instance
+from pgcarve.control.removal import leftovers
 from pgcarve.dcs.etcd import EtcdClient
 from pgcarve.errors import DcsUnavailable
 from pgcarve.patroni.store import read_cluster
@@ -116,9 +120,6 @@ def test_patroni_fails_over_without_the_manager_and_the_manager_follows(env: Car
     view = wait_for(lambda: whole(env), f"{INSTANCE}: a leader and two streaming replicas in etcd", 300)
     assert view.leader == "pgc_01" and view.settings is not None and view.settings.synchronous_mode_strict
     assert view.settings.failsafe_mode, "failsafe_mode is off"
-    with env.client() as client:
-        refused = client.put("/v1/scale", json={"instances": 0})
-    assert refused.status_code == 409 and "not built yet" in refused.json()["detail"], refused.text
 
     fleet = Fleet(env.config, env.paths)
     writer = writer_for(env, fleet)
@@ -207,13 +208,47 @@ def test_patroni_fails_over_without_the_manager_and_the_manager_follows(env: Car
             assert wait_for(lambda: (v := cluster_if_readable(env)) and v.leader, "a leader once etcd is back",
                             120) == before, \
                 "etcd's outage moved the leader"
+
+            # 6. Retired under the writer: its guests go, its disks and keys stay.
+            retire_at = time.monotonic()
+            assert "retired 1 (disks kept)" in str(scale(env, 0)["message"]), "not retired"
+            acked_when_retired = writer.count
+            assert [g.name for g in fleet.guests()] == [], "a retired instance keeps no guest running"
+            with env.client() as client:
+                [retired] = client.get("/v1/instances", params={"include": "retired"}).json()
+            assert retired["state"] == "retired" and retired["disk_mib"] > 0, retired
+            kept = cluster(env)
+            assert kept.system_identifier and kept.sync is not None, "its Patroni keys were removed"
+            print(f"retired in {time.monotonic() - retire_at:.1f} s with {acked_when_retired} commits acknowledged")
+
+            # 7. Back: Patroni gives the roles, the rw string writes again.
+            back_at = time.monotonic()
+            assert "brought back 1 from retirement" in str(scale(env, 1)["message"])
+            again = wait_for(lambda: whole(env), f"{INSTANCE} back with a leader and two streaming replicas", 300)
+            writer.wait_for_acks(20, 180, "commits after coming back")
+            assert writer.count > acked_when_retired
+            print(f"brought back in {time.monotonic() - back_at:.1f} s: {again.leader} leads, timeline "
+                  f"{again.timeline}; writes again {writer.longest_gap(retire_at):.1f} s after the retirement began")
     finally:
         writer.stop()
     check_nothing_lost(fleet, writer)
+    print(f"{writer.count} commits acknowledged, none lost")
 
-    # 6. Removing the instance leaves nothing of it in etcd.
-    remove_instance(fleet, fleet.instance(INSTANCE))
+    # 8. Retired again and purged: no disk, no key.
+    scale(env, 0)
+    with env.client() as client:
+        purged = client.delete(f"/v1/instances/{INSTANCE}", params={"confirm": INSTANCE})
+    assert purged.status_code == 200, purged.text
+    assert [v for v in leftovers(fleet) if INSTANCE in v] == [], "the purged instance left volumes"
     fleet.close()
     assert env.config.etcd is not None
     with EtcdClient(env.config.etcd) as etcd:
-        assert read_cluster(etcd, INSTANCE) is None, "the removed instance's Patroni keys are still in etcd"
+        assert read_cluster(etcd, INSTANCE) is None, "the purged instance's Patroni keys are still in etcd"
+
+
+def scale(env: CarveEnv, instances: int) -> dict[str, object]:
+    with env.client() as client:
+        op = client.put("/v1/scale", json={"instances": instances}).json()["operation"]
+    done = wait_operation(env, op, 900)
+    assert done["status"] == "succeeded", done
+    return done

@@ -115,7 +115,7 @@ def accepts_sql_at_once(fleet: Fleet) -> Readiness:
     """A provisioner's readiness for guests that never boot: the guest as libvirt lists it, with
     no address, at once."""
 
-    def ready(host: HostConfig, name: str, _progress: Progress, _standby: bool) -> Guest:
+    def ready(host: HostConfig, name: str, _progress: Progress, _standby: bool | None) -> Guest:
         return Guest(info=fleet.hosts[host.name].guest(name), address=None, endpoint=None)
 
     return ready

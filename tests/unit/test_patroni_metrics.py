@@ -45,3 +45,17 @@ def test_a_steady_instance_and_one_after_a_switchover() -> None:
     assert f'pgcarve_patroni_timeline{{instance="pgc-02"}} {float(after.timeline or 0)}' in body
     assert after.timeline is not None and steady.timeline is not None and after.timeline > steady.timeline
     assert body.count("pgcarve_patroni_member_running{") == len(steady.members) + len(after.members)
+
+
+def test_a_retired_instances_kept_keys_raise_no_alert() -> None:
+    clusters = PatroniClusters(ETCD)
+    kvs, revision = recorded("patroni-4.0.7", "steady")
+    retired, _ = recorded("patroni-4.0.7", "steady", scope="pgc-02")
+    # Retired: its members and leader keys expired with their leases; config, sync and the
+    # initialize key stay for its return.
+    kept = [kv for kv in retired if not kv.key.endswith("/leader") and "/members/" not in kv.key]
+    assert kept and len(kept) < len(retired)
+    clusters._views, clusters._read_at = cluster_views([*kvs, *kept], revision), 1.0
+    body = scrape(clusters)
+    assert 'pgcarve_patroni_has_leader{instance="pgc-01"} 1.0' in body
+    assert 'instance="pgc-02"' not in body, "PgcarvePatroniNoLeader would page for an instance nobody runs"

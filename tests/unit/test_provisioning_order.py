@@ -81,7 +81,7 @@ class Recorder(Provisioner):
         self.events.append(f"address {name}")
         return Guest(info=_info(name, host.name), address=self.early_address, endpoint=None)
 
-    def _ready(self, host: HostConfig, name: str, progress: Progress, standby: bool) -> Guest:
+    def _ready(self, host: HostConfig, name: str, progress: Progress, standby: bool | None) -> Guest:
         self.events.append(f"ready {name}")
         address = "10.77.1.9" if standby else self.answering_address
         return Guest(info=_info(name, host.name), address=address, endpoint=(address, 5432))

@@ -8,16 +8,20 @@ from __future__ import annotations
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import cast
 
 import pytest
 from fastapi.testclient import TestClient
-from pgcarve.control.fleet import Fleet
+from pgcarve.config import HostConfig
+from pgcarve.control import retirement
+from pgcarve.control.fleet import Fleet, Guest, Progress
+from pgcarve.control.patroni_roles import PatroniClusters
 from pgcarve.control.removal import discard_half_made, leftovers
 from pgcarve.control.retired import parse_marker, retired_instances
 from pgcarve.control.retirement import finish_interrupted, purge
 from pgcarve.control.scaler import Scaler
 from pgcarve.control.service import ManagerService
-from pgcarve.errors import CapacityError, Conflict, NotFound, PgcarveError
+from pgcarve.errors import CapacityError, Conflict, GuestNotReady, NotFound, PgcarveError
 from pgcarve.settings import Paths
 
 from tests.support import testdriver as td
@@ -191,3 +195,80 @@ def test_the_api_lists_retired_instances_and_purges_only_when_confirmed(world: W
         docs = client.get("/v1/instances", params={"include": "retired"}).json()
         assert [d["name"] for d in docs] == ["pgcbench-01"]
     service.operations.stop()
+
+
+# -- under Patroni (replication.roles: patroni) -------------------------------------------------
+
+class StandInPatroni:
+    """Patroni's keys as the manager reads them: who leads each instance, and which instances'
+    keys were removed."""
+
+    def __init__(self) -> None:
+        self.leaders: dict[str, str] = {}
+        self.forgotten: list[str] = []
+        self.error: str | None = None
+
+    def leader(self, instance: str, fresh: bool = False) -> str | None:
+        return self.leaders.get(instance)
+
+    def forget(self, instance: str) -> None:
+        self.forgotten.append(instance)
+
+
+def _under_patroni(world: World, monkeypatch: pytest.MonkeyPatch) -> tuple[StandInPatroni, list[str]]:
+    """The world's instances now led by Patroni (each by the guest it was made with); the names
+    of the guests whose write fence was lifted are collected in the list returned."""
+    patroni = StandInPatroni()
+    for inst in world.fleet.observe():
+        patroni.leaders[inst.name] = inst.name
+    world.fleet.patroni = cast(PatroniClusters, patroni)
+    lifted: list[str] = []
+    monkeypatch.setattr(retirement, "_allow_writes", lambda _fleet, guest: lifted.append(guest.name))
+    return patroni, lifted
+
+
+def test_under_patroni_retiring_keeps_the_keys_and_bringing_back_lets_patroni_lead(
+        world: World, monkeypatch: pytest.MonkeyPatch) -> None:
+    world.scaler.scale(2)
+    patroni, lifted = _under_patroni(world, monkeypatch)
+    assert world.scaler.scale(1).retire == (2,)
+    assert [r.name for r in retired_instances(world.fleet)] == ["pgcbench-02"]
+    assert patroni.forgotten == [], "a retired instance's keys say who may lead when it comes back"
+
+    del patroni.leaders["pgcbench-02"]  # its leader key expired while it was retired
+    booted: list[str] = []
+    ready = world.scaler.provisioner.ready
+
+    def elected_once_booted(host: HostConfig, name: str, progress: Progress, standby: bool | None) -> Guest:
+        assert standby is None, "under Patroni a member boots into whichever role Patroni gives it"
+        booted.append(name)
+        patroni.leaders["pgcbench-02"] = name
+        return ready(host, name, progress, standby)
+
+    monkeypatch.setattr(world.scaler.provisioner, "ready", elected_once_booted)
+    assert world.scaler.scale(2).revive == (2,)
+    assert booted == ["pgcbench-02"] and lifted == ["pgcbench-02"], "the fence is lifted on the leader"
+    assert [i.name for i in world.fleet.observe()] == ["pgcbench-01", "pgcbench-02"]
+    assert world.fleet.instance("pgcbench-02").primary is not None
+    assert not [v for v in world.volumes() if ".retired." in v], "its markers are gone once it leads"
+
+
+def test_under_patroni_an_instance_without_a_leader_is_not_retired(
+        world: World, monkeypatch: pytest.MonkeyPatch) -> None:
+    world.scaler.scale(2)
+    patroni, _ = _under_patroni(world, monkeypatch)
+    del patroni.leaders["pgcbench-02"]
+    patroni.error = "no etcd endpoint answered"
+    with pytest.raises(GuestNotReady, match=r"pgcbench-02 has no leader now \(etcd cannot be read: no etcd endpoint"):
+        world.scaler.scale(1)
+    assert [i.name for i in world.fleet.observe()] == ["pgcbench-01", "pgcbench-02"], "nothing was changed"
+    assert retired_instances(world.fleet) == []
+
+
+def test_under_patroni_purge_removes_the_keys_too(world: World, monkeypatch: pytest.MonkeyPatch) -> None:
+    world.scaler.scale(2)
+    patroni, _ = _under_patroni(world, monkeypatch)
+    world.scaler.scale(1)
+    purge(world.fleet, "pgcbench-02")
+    assert patroni.forgotten == ["pgcbench-02"]
+    assert not [v for v in world.volumes() if v.startswith("pgcbench-02")]

@@ -47,8 +47,9 @@ from pgcarve.virt.storage import BaseImage
 log = logging.getLogger(__name__)
 SLOT_TIMEOUT_S = 120.0  # how long a busy primary is asked again for a new standby's slot
 
-Readiness = Callable[[HostConfig, str, Progress, bool], Guest]
-"""(host, guest name, progress, standby?) -> the guest once its PostgreSQL is ready for its role."""
+Readiness = Callable[[HostConfig, str, Progress, bool | None], Guest]
+"""(host, guest name, progress, standby? (None: whichever role Patroni gives it)) -> the guest once its
+PostgreSQL is ready for that role."""
 
 
 class Provisioner:

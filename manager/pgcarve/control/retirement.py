@@ -10,19 +10,25 @@ takes an explicit purge by name (DELETE /v1/instances/{name}?confirm={name}, `pg
 Every step leaves something a restarted manager can finish: markers are written before any
 guest stops and deleted only after a revived instance is whole; `finish_interrupted` completes
 a retirement (or re-retires a revival) that a killed manager left half-way.
+
+Under Patroni (replication.roles: patroni) retiring is the same fence, catch-up and stop, and the
+instance's keys stay in etcd: they say who may lead when it comes back (a member of its last
+synchronous set) and that its data exists (no member bootstraps a new database). Bringing it back
+boots every member from its disk and lets Patroni give the roles. Purge removes the keys too.
 """
 
 from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Sequence
-from concurrent.futures import ThreadPoolExecutor, wait
+from collections.abc import Callable, Mapping, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor, wait
 
 import psycopg
 
 from pgcarve.control.fleet import Fleet, Guest, Instance, Progress, no_progress
 from pgcarve.control.provisioning import Provisioner
+from pgcarve.control.removal import forget_patroni_keys
 from pgcarve.control.retired import RetiredGuest, RetiredInstance, retired_instance, retired_instances
 from pgcarve.errors import Conflict, GuestNotReady, NotFound
 from pgcarve.naming import application_name, disk_volume, index_of, seed_volume, slot_name
@@ -46,6 +52,9 @@ def retire_instance(fleet: Fleet, instance: Instance, progress: Progress = no_pr
     within `timeout_s` the fence is lifted again and the instance stays as it was.
     """
     with fleet.locks.exclusive(instance.index, "retiring"):
+        if fleet.patroni is not None and instance.primary is None:
+            raise GuestNotReady(f"{instance.name} has no leader now ({_why_no_leader(fleet)}): retiring needs one, "
+                                "to refuse new writes and see a synchronous standby hold them all; nothing was changed")
         fence_and_catch_up(fleet, instance, progress, timeout_s)
         return _retire(fleet, instance, progress)
 
@@ -119,6 +128,9 @@ def revive_instance(provisioner: Provisioner, retired: RetiredInstance, progress
     primary that a failover had replaced (stale) is defined but left off: the HA loop rejoins it."""
     fleet = provisioner.fleet
     with fleet.locks.exclusive(retired.index, "reviving"):
+        if fleet.patroni is not None:
+            _check_disks_kept(fleet, retired)
+            return _undone_on_failure(fleet, retired, lambda: _revive_under_patroni(provisioner, retired, progress))
         record = fleet.sync_records.get(retired.name)
         primary_name = record.primary if record is not None else next(
             (g.name for g in retired.guests if g.role == "primary"), None)
@@ -126,19 +138,28 @@ def revive_instance(provisioner: Provisioner, retired: RetiredInstance, progress
         if primary_name not in by_name:
             raise GuestNotReady(f"{retired.name}: its primary {primary_name or '(unknown)'} is not among its "
                                 f"retired guests ({', '.join(by_name)}); purge it to make its slot new")
-        missing = [g.name for g in retired.guests
-                   if disk_volume(g.name) not in fleet.hosts[g.host].storage.volume_names()]
-        if missing:
-            raise GuestNotReady(f"{retired.name}: the kept disks of {', '.join(missing)} are gone; "
-                                f"purge it (`pgcarve purge {retired.name}`) to make its slot new")
-        try:
-            return _revive(provisioner, retired, by_name[primary_name], progress)
-        except BaseException:
-            # Retired again as it was: markers and disks untouched, guests undefined.
-            for guest in retired.guests:
-                if fleet.hosts[guest.host].defined(guest.name):
-                    _undefine_keeping_disks(fleet, guest.host, guest.name)
-            raise
+        _check_disks_kept(fleet, retired)
+        return _undone_on_failure(fleet, retired, lambda: _revive(provisioner, retired, by_name[primary_name],
+                                                                  progress))
+
+
+def _check_disks_kept(fleet: Fleet, retired: RetiredInstance) -> None:
+    missing = [g.name for g in retired.guests
+               if disk_volume(g.name) not in fleet.hosts[g.host].storage.volume_names()]
+    if missing:
+        raise GuestNotReady(f"{retired.name}: the kept disks of {', '.join(missing)} are gone; "
+                            f"purge it (`pgcarve purge {retired.name}`) to make its slot new")
+
+
+def _undone_on_failure(fleet: Fleet, retired: RetiredInstance, revive: Callable[[], Instance]) -> Instance:
+    try:
+        return revive()
+    except BaseException:
+        # Retired again as it was: markers and disks untouched, guests undefined.
+        for guest in retired.guests:
+            if fleet.hosts[guest.host].defined(guest.name):
+                _undefine_keeping_disks(fleet, guest.host, guest.name)
+        raise
 
 
 def _revive(provisioner: Provisioner, retired: RetiredInstance, primary_guest: RetiredGuest,
@@ -178,6 +199,73 @@ def _revive(provisioner: Provisioner, retired: RetiredInstance, primary_guest: R
     return fleet.instance(retired.name)
 
 
+def _revive_under_patroni(provisioner: Provisioner, retired: RetiredInstance, progress: Progress) -> Instance:
+    """Boot every member from its kept disk at once; Patroni, from the keys the instance kept in
+    etcd, lets only a member of its last synchronous set take the lead, and the others follow.
+
+    The retirement's fence is in the former leader's own settings (postgresql.auto.conf). It is
+    lifted as soon as a member leads, before its replicas stream: a replica asks its leader for a
+    read-write session before following it onto a new timeline, and a fenced leader refuses that.
+    Lifting it early loses nothing: in strict synchronous mode no commit is acknowledged before a
+    standby streams. It is lifted on every member at the end (a former leader that came back as
+    a replica would otherwise refuse writes the day it is promoted)."""
+    fleet = provisioner.fleet
+    for guest in retired.guests:
+        progress(guest.name, f"starting from its kept disk on {guest.host}", 0.1)
+        provisioner.boot_kept_disk(guest.host, guest.name, guest.metadata(fleet.config.fleet), guest.image_tag)
+    by_name = {g.name: g for g in retired.guests}
+    with ThreadPoolExecutor(max_workers=len(retired.guests)) as pool:
+        answering = {g.name: pool.submit(provisioner.ready, fleet.config.host(g.host), g.name, progress, None)
+                     for g in retired.guests}
+        leader = _wait_for_leader(fleet, retired, answering, progress)
+        _allow_writes(fleet, leader)
+        members = {name: future.result() for name, future in answering.items()}
+    others = [name for name in by_name if name != leader.name]
+    progress(retired.name, f"{leader.name} leads; waiting for {', '.join(others)} to stream from it", 0.8)
+    if others:
+        provisioner.wait_streaming(leader, others, progress, timeout_s=max(300.0, fleet.boot_timeout_s))
+    for name in others:
+        _allow_writes(fleet, members[name])
+    for guest in retired.guests:
+        fleet.hosts[guest.host].storage.delete_volume(guest.marker)
+    progress(retired.name, "back from retirement", 1.0)
+    log.info("brought %s back from retirement (retired %s): %s lead by %s", retired.name,
+             time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(retired.retired_at)),
+             ", ".join(f"{g.name} on {g.host}" for g in retired.guests), leader.name)
+    return fleet.instance(retired.name)
+
+
+def _wait_for_leader(fleet: Fleet, retired: RetiredInstance, answering: Mapping[str, Future[Guest]],
+                     progress: Progress) -> Guest:
+    """The member Patroni made leader, once it answers SQL. Patroni elects only after its members
+    boot, so the wait is a boot's (the boot timeout) plus an election's (a leader key's TTL)."""
+    assert fleet.patroni is not None
+    timeout_s = fleet.boot_timeout_s + fleet.config.replication.patroni_ttl_s
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        leader = fleet.patroni.leader(retired.name, fresh=True)
+        if leader is not None and leader in answering and answering[leader].done():
+            return answering[leader].result()  # raises if it never answered
+        failed = [name for name, future in answering.items() if future.done() and future.exception() is not None]
+        if len(failed) == len(answering):
+            answering[failed[0]].result()  # none of them came up: say why
+        progress(retired.name, f"waiting for Patroni to elect a leader ({leader or 'none yet'})", 0.5)
+        time.sleep(1.0)
+    raise GuestNotReady(f"{retired.name}: no leader {timeout_s:.0f} s after its members started again "
+                        f"({_why_no_leader(fleet)}); "
+                        "its members' `journalctl -u pgcarve-patroni` says why")
+
+
+def _why_no_leader(fleet: Fleet) -> str:
+    error = fleet.patroni.error if fleet.patroni is not None else None
+    return f"etcd cannot be read: {error}" if error else "no member holds its leader key"
+
+
+def _allow_writes(fleet: Fleet, guest: Guest) -> None:
+    with fleet.connect(guest) as conn:
+        replication.allow_writes(conn)
+
+
 def _follow_if_needed(fleet: Fleet, primary: Guest, standbys: Sequence[Guest]) -> None:
     """A standby whose primary came back at another address is pointed at the new one."""
     if primary.address is None:
@@ -214,6 +302,7 @@ def purge(fleet: Fleet, name: str) -> RetiredInstance:
                 storage.delete_volume(volume)
             storage.delete_volume(guest.marker)
         fleet.sync_records.remove(name)
+        forget_patroni_keys(fleet, name)
         fleet.secrets.remove(name)
     log.warning("purged retired instance %s: deleted %d MiB of disks (%s)", name, retired.disk_mib,
                 ", ".join(f"{g.name} on {g.host}" for g in retired.guests))

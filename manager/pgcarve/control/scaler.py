@@ -64,10 +64,6 @@ class Scaler:
             retired = {r.index: r for r in retired_instances(self.fleet)}
             check_capacity(self.fleet, target, guests, tuple(retired.values()))
             plan = plan_scale(self.fleet.observe(with_endpoints=False, guests=guests), target, tuple(retired))
-            if plan.retire and self.fleet.patroni is not None:
-                raise Conflict(f"scaling down to {target} would retire {len(plan.retire)} instance(s), and retiring "
-                               "under Patroni (replication.roles: patroni) is not built yet: nothing was changed; "
-                               "remove an instance with `pgcarve down` or keep its count")
             for index in plan.retire:
                 # Read again, alone (the instance may have changed since the listing): retiring
                 # reaches its guests, and reading only them keeps a scale-down linear.

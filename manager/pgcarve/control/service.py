@@ -289,9 +289,6 @@ class ManagerService:
     def request_scale(self, instances: int) -> Operation:
         """Validate and queue a scale; raises (and changes nothing) if it can never succeed."""
         check_capacity(self.fleet, instances)
-        if self.fleet.patroni is not None and instances < len(self.view.instances):
-            raise Conflict(f"scaling down to {instances} would retire instances, and retiring under Patroni "
-                           "(replication.roles: patroni) is not built yet: nothing was changed")
         return self.operations.submit("scale", instances)
 
     def purge(self, name: str, confirm: str | None) -> dict[str, Any]:

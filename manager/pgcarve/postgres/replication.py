@@ -104,7 +104,9 @@ def refuse_writes(conn: Connection, reason: str) -> str:
     _declare_fence_setting(conn)
     conn.execute(sql.SQL("alter system set pgcarve.write_fence = {}").format(sql.Literal(reason)))
     conn.execute("select pg_reload_conf()")
-    conn.execute("select pg_terminate_backend(pid) from pg_stat_activity "
+    # Each ended session is waited for (up to 5 s): a transaction already under way when the
+    # default changed could still write its commit after the position read below.
+    conn.execute("select pg_terminate_backend(pid, 5000) from pg_stat_activity "
                  "where backend_type = 'client backend' and pid <> pg_backend_pid()")
     row = conn.execute("select pg_current_wal_lsn()::text").fetchone()
     return str(row[0]) if row else "0/0"
