@@ -13,6 +13,14 @@ def standby_name(fleet: str, index: int, standby: int) -> str:
     return f"{instance_name(fleet, index)}-s{standby}"
 
 
+def standby_number(guest: str) -> int:
+    """The standby number in a standby guest's name (pgc-01-s3: 3)."""
+    _, _, number = guest.rpartition("-s")
+    if not number.isdigit():
+        raise ValueError(f"{guest!r} is not a standby guest's name")
+    return int(number)
+
+
 def guest_of(instance: str, guest: str) -> bool:
     """Whether a guest's name is one an instance's guests carry: the instance's own (its first
     primary) or <instance>-s<number> (a standby). A guest keeps its name through failovers, and

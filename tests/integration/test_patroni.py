@@ -10,14 +10,18 @@ In sequence, on the one fleet:
 3. a switchover through the API, which asks Patroni: the pause is reported;
 4. the leader's host cut off from the others: a standby takes over once the leader key expires;
    healed, the old leader rejoins as a replica;
-5. etcd without quorum (two of three members stopped): the leader keeps acknowledging commits
+5. etcd without quorum (two of four members stopped): the leader keeps acknowledging commits
    (failsafe mode: it still reaches every member) and no failover happens;
-6. scaled down to none: the instance is retired under the writer (writes refused, a synchronous
+6. a replica's whole host lost, the manager running: after host_timeout_s the manager builds a
+   member on h3, the one host holding none of the instance's guests, and Patroni clones it from
+   a replica; the host back, its guest is removed (never started) since its replacement streams;
+7. scaled down to none: the instance is retired under the writer (writes refused, a synchronous
    standby caught up, its guests gone), its disks and Patroni keys kept;
-7. scaled up again: its members boot from their disks, Patroni elects a leader from the kept
+8. scaled up again: its members boot from their disks, Patroni elects a leader from the kept
    keys and the writer's unchanged rw string writes again;
-8. every acknowledged commit is on the final primary; retired again and purged, the instance
+9. every acknowledged commit is on the final primary; retired again and purged, the instance
    leaves no disk and no key in etcd.
+Four hosts: h0 for primaries, h1 and h2 for the instance's standbys, h3 its spare.
 """
 
 from __future__ import annotations
@@ -60,7 +64,7 @@ STATE_DIR = Path(os.environ.get("PGCARVE_IT_PATRONI_STATE", "/var/tmp/pgcarve-it
 @pytest.fixture(scope="module")
 def env() -> Iterator[CarveEnv]:
     paths, sandbox = clean_sandbox(STATE_DIR)
-    raw = series_config(sandbox.up(3)).model_dump(mode="json")
+    raw = series_config(sandbox.up(4)).model_dump(mode="json")
     raw["replication"]["roles"] = "patroni"
     config = FleetConfig.model_validate(raw)
     hosts_file = STATE_DIR / "hosts-patroni.yaml"
@@ -190,7 +194,7 @@ def test_patroni_fails_over_without_the_manager_and_the_manager_follows(env: Car
             assert back.leader == moved.leader, "the healed former leader took the lead back"
             print(f"{leader_guest} rejoined as a replica {time.monotonic() - healed_at:.1f} s after the heal")
 
-            # 5. etcd without quorum (two of three members stopped): nobody can renew or take a
+            # 5. etcd without quorum (two of its four members stopped): nobody can renew or take a
             # key, but the leader reaches every member of its instance (failsafe mode), so it
             # keeps acknowledging commits, and no failover happens.
             before = cluster(env).leader
@@ -209,7 +213,35 @@ def test_patroni_fails_over_without_the_manager_and_the_manager_follows(env: Car
                             120) == before, \
                 "etcd's outage moved the leader"
 
-            # 6. Retired under the writer: its guests go, its disks and keys stay.
+            # 6. A replica's whole host lost: the manager builds a member on the spare host h3;
+            # the host back, its guest goes once the replacement streams.
+            leader_now = cluster(env).leader
+            hosts = {g.name: g.host for g in fleet.guests()}
+            victim = next(name for name, host in sorted(hosts.items())
+                          if member(name) != leader_now and host != hosts[str(leader_now).replace("_", "-")])
+            lost_host = hosts[victim]
+            lost_at = time.monotonic()
+            faults.kill_host(lost_host)
+            try:
+                rebuilt = wait_for(lambda: (v := whole(env)) and v.member("pgc_01_s3") and v,
+                                   "pgc-01-s3 streaming on the spare host h3", 600)
+                writer.wait_for_acks(20, 120, f"commits with {lost_host} lost")
+                print(f"{lost_host} lost ({victim}): pgc-01-s3 built on h3 and streaming "
+                      f"{time.monotonic() - lost_at:.1f} s later; writes paused {writer.longest_gap(lost_at):.1f} s")
+                assert {g.name: g.host for g in fleet.guests()}["pgc-01-s3"] == "h3"
+                # The rw string the writer took at the start lists pgc-01-s3 already (one name
+                # per standby host: control/endpoints.py).
+                assert rebuilt.leader == leader_now, "losing a replica moved the leader"
+            finally:
+                faults.revive_host(lost_host)
+            back_at = time.monotonic()
+            wait_for(lambda: victim not in {g.name for g in fleet.guests()},
+                     f"{victim} removed from {lost_host} once its host is back", 300)
+            view = wait_for(lambda: whole(env), f"{INSTANCE} whole on its three remaining hosts", 120)
+            assert victim.replace("-", "_") not in {m.name for m in view.members}
+            print(f"{victim} removed {time.monotonic() - back_at:.1f} s after {lost_host} came back")
+
+            # 7. Retired under the writer: its guests go, its disks and keys stay.
             retire_at = time.monotonic()
             assert "retired 1 (disks kept)" in str(scale(env, 0)["message"]), "not retired"
             acked_when_retired = writer.count
@@ -221,7 +253,7 @@ def test_patroni_fails_over_without_the_manager_and_the_manager_follows(env: Car
             assert kept.system_identifier and kept.sync is not None, "its Patroni keys were removed"
             print(f"retired in {time.monotonic() - retire_at:.1f} s with {acked_when_retired} commits acknowledged")
 
-            # 7. Back: Patroni gives the roles, the rw string writes again.
+            # 8. Back: Patroni gives the roles, the rw string writes again.
             back_at = time.monotonic()
             assert "brought back 1 from retirement" in str(scale(env, 1)["message"])
             again = wait_for(lambda: whole(env), f"{INSTANCE} back with a leader and two streaming replicas", 300)
@@ -232,9 +264,9 @@ def test_patroni_fails_over_without_the_manager_and_the_manager_follows(env: Car
     finally:
         writer.stop()
     check_nothing_lost(fleet, writer)
-    print(f"{writer.count} commits acknowledged, none lost")
+    print(f"{writer.count} commits acknowledged through every step, none lost")
 
-    # 8. Retired again and purged: no disk, no key.
+    # 9. Retired again and purged: no disk, no key.
     scale(env, 0)
     with env.client() as client:
         purged = client.delete(f"/v1/instances/{INSTANCE}", params={"confirm": INSTANCE})

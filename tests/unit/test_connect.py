@@ -97,12 +97,12 @@ class StubFleet:
     forwards: ForwardRegistry
 
 
-def _config(reach: str, standbys: int = 2) -> FleetConfig:
+def _config(reach: str, standbys: int = 2, hosts: int = 3) -> FleetConfig:
     extra = {"reach": "sandbox", "netns": "ns"} if reach == "sandbox" else {}
     return FleetConfig.model_validate({
         "replication": {"standbys": standbys},
         "hosts": [{"name": f"h{i}", "uri": "test:///default", "role": "primary" if i == 0 else "standby", **extra}
-                  for i in range(3)],
+                  for i in range(hosts)],
     })
 
 
@@ -125,6 +125,19 @@ def test_sandbox_endpoints_keep_one_port_per_guest_name_for_good(tmp_path: Path)
     assert instance_hosts(fleet, failed_over) == hosts
     again = cast(Fleet, StubFleet(_config("sandbox"), ForwardRegistry(tmp_path / "forwards")))
     assert instance_hosts(again, whole) == hosts, "another process reads the same ports"
+
+
+def test_a_spare_standby_hosts_name_is_in_the_uris_before_a_member_is_built_there(tmp_path: Path) -> None:
+    """With a standby host beyond the instance's two, a member of a lost host is built again there
+    as pgc-01-s3 (control/recovery.py): the string applications hold already lists it."""
+    fleet = cast(Fleet, StubFleet(_config("sandbox", hosts=4), ForwardRegistry(tmp_path / "forwards")))
+    assert guest_names(fleet, 1) == ["pgc-01", "pgc-01-s1", "pgc-01-s2", "pgc-01-s3"]
+    whole = Instance(1, "pgc-01", _guest("pgc-01", "h0", None),
+                     (_guest("pgc-01-s1", "h1", None), _guest("pgc-01-s2", "h2", None)))
+    moved = Instance(1, "pgc-01", _guest("pgc-01", "h0", None),
+                     (_guest("pgc-01-s3", "h3", None), _guest("pgc-01-s2", "h2", None)))
+    assert instance_hosts(fleet, moved) == instance_hosts(fleet, whole)
+    assert len(instance_hosts(fleet, whole)) == 4
 
 
 def test_direct_endpoints_list_the_guests_addresses(tmp_path: Path) -> None:

@@ -41,6 +41,7 @@ from tests.support.domains import FLEET, guest_spec, reset_test_driver
     (Action.REJOIN, True),
     (Action.FOLLOW, True),
     (Action.REBUILD, False),
+    (Action.REMOVE, False),
 ])
 def test_what_the_manager_may_do_to_whose_guest(action: Action, by_terraform: bool) -> None:
     assert manager_may(action, "manager")
@@ -49,7 +50,7 @@ def test_what_the_manager_may_do_to_whose_guest(action: Action, by_terraform: bo
 
 def test_every_repair_action_is_in_the_table() -> None:
     """A new Action must be placed on one side of the rule, not fall through unnoticed."""
-    ruled = {Action.RESTART, Action.FAILOVER, Action.REJOIN, Action.FOLLOW, Action.REBUILD}
+    ruled = {Action.RESTART, Action.FAILOVER, Action.REJOIN, Action.FOLLOW, Action.REBUILD, Action.REMOVE}
     assert set(Action) - {Action.NONE} == ruled
     assert not manager_may(Action.REBUILD, "someone-else")
 

@@ -1,7 +1,8 @@
 """Where applications connect: an instance's libpq URIs over all of its guests.
 
 An instance's guests keep their names for its whole life (a promoted standby keeps its name, a
-rebuilt guest takes the name of the one it replaces), so its URIs list the same hosts in the same
+rebuilt guest takes the name of the one it replaces, a member built again on another standby host
+takes that host's name, which is listed already), so its URIs list the same hosts in the same
 order whatever happened, and libpq finds the primary (`target_session_attrs=read-write`) or a
 standby (`prefer-standby`) by asking each host: the same string reaches the new primary after a
 failover, with no new question to the API. In the sandbox each guest name has a loopback forward
@@ -30,10 +31,12 @@ class Endpoints:
 
 
 def guest_names(fleet: Fleet, index: int) -> list[str]:
-    """Every name a guest of instance `index` can have: its first primary's, then its standbys'."""
+    """Every name a guest of instance `index` can have: its first primary's, then one per standby
+    host (its standbys', then those a member of a lost host is built again under on the other
+    standby hosts: control/recovery.py), so a replacement needs no new string."""
     name = instance_name(fleet.config.fleet, index)
-    return [name] + [standby_name(fleet.config.fleet, index, s)
-                     for s in range(1, fleet.config.replication.standbys + 1)]
+    count = max(fleet.config.replication.standbys, len(fleet.config.standby_hosts))
+    return [name] + [standby_name(fleet.config.fleet, index, s) for s in range(1, count + 1)]
 
 
 def instance_hosts(fleet: Fleet, inst: Instance) -> list[tuple[str, int]]:

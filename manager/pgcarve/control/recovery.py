@@ -15,6 +15,7 @@ the manager may not do (build a guest) is left to Terraform, and the result says
 from __future__ import annotations
 
 import enum
+import itertools
 import logging
 import time
 from collections.abc import Callable, Iterable
@@ -26,9 +27,11 @@ import psycopg
 from pgcarve.config import HostConfig
 from pgcarve.control.failover import Failover
 from pgcarve.control.fleet import Fleet, Guest, Instance, Progress, no_progress
+from pgcarve.control.patroni_roles import guest_of_member
 from pgcarve.control.provisioning import Provisioner
 from pgcarve.control.removal import remove_guest
 from pgcarve.errors import CapacityError, GuestNotReady, PgcarveError
+from pgcarve.naming import standby_name, standby_number
 from pgcarve.postgres import replication
 
 log = logging.getLogger("pgcarve.control.recovery")
@@ -42,6 +45,7 @@ class Action(enum.StrEnum):
     FAILOVER = "failover"  # a standby promoted in the primary's place
     REJOIN = "rejoin"  # a former primary rewound into a standby of the new one (its disk kept)
     FOLLOW = "follow"  # a running standby pointed at the current primary again
+    REMOVE = "remove"  # a member replaced while its host was lost, removed once the replacement streams
     NONE = "none"  # nothing done; for a step left to the guest's owner, the message says what to do
 
 
@@ -122,6 +126,10 @@ class Repairer:
         # Standbys pointed at the primary again, and when: one still not receiving a while later
         # has WAL the primary never had (a forced failover), and is rewound instead.
         self._refollowed: dict[str, float] = {}
+        # Under Patroni: guests of a lost host whose instance was made whole elsewhere; removed
+        # when their host is back and their replacements stream. (A manager restarted meanwhile
+        # knows them as the instance's surplus guests that are not running.)
+        self._replaced: set[str] = set()
 
     def current(self, index: int) -> Instance | None:
         return self.fleet.instance_at(index)
@@ -283,38 +291,116 @@ class Repairer:
         return RepairResult(tuple(done), tuple(left))
 
     def _repair_machines(self, inst: Instance, progress: Progress, done: list[RepairStep]) -> RepairResult:
-        """Under Patroni the manager repairs machines, never roles: a guest that stopped is started
-        again from its disk (Patroni makes it a replica, rewinding a former leader), a missing
-        standby is built (Patroni clones it). A guest on a host that does not answer is left until
-        the host does: Patroni has already moved the leader if it had to."""
+        """Under Patroni the manager repairs machines, never roles.
+
+        - A guest that stopped is started again from its disk (Patroni makes it a replica,
+          rewinding a former leader), unless its instance was made whole without it while its host
+          was lost: then it is removed, once the members that replaced it stream. Such a guest is
+          never started, so a former leader coming back never leads.
+        - A member whose host has not answered for recovery.host_timeout_s is replaced on a host
+          that answers and holds none of the instance's guests; Patroni clones the new member from
+          a replica (every member carries Patroni's clonefrom tag), from the leader only when no
+          replica runs.
+        - A missing standby is built in its planned slot.
+        A guest on a host that does not answer is otherwise left alone: Patroni has already moved
+        the leader if it had to."""
         unreachable = self.fleet.unreachable_hosts()
+        lost = self.lost_hosts()
+        wanted = 1 + self.fleet.config.replication.standbys
+        surplus = len(inst.guests) - wanted
         for guest in inst.guests:
-            if guest.info.state in ("running", "paused", "unreachable") or guest.info.host in unreachable:
+            if guest.info.host in unreachable:
+                continue
+            replaced = surplus > 0 and manager_may(Action.REMOVE, guest.info.metadata.created_by) and (
+                guest.info.state not in ("running", "paused") or guest.name in self._replaced)
+            if replaced:
+                if self._whole_without(inst, guest):
+                    remove_guest(self.fleet, guest.info)
+                    self._replaced.discard(guest.name)
+                    surplus -= 1
+                    done.append(RepairStep(guest.name, Action.REMOVE,
+                                           f"removed {guest.name} from {guest.info.host} (its disk too): "
+                                           f"{inst.name} was made whole on other hosts while {guest.info.host} was "
+                                           "lost, and those members stream"))
+                else:
+                    log.info("%s: %s stays stopped until the members that replaced it stream", inst.name, guest.name)
+                continue
+            if guest.info.state in ("running", "paused", "unreachable"):
                 continue
             self.restart(guest, progress)
             done.append(RepairStep(guest.name, Action.RESTART,
                                    f"started {guest.name} again from its disk on {guest.info.host}; Patroni gives it "
                                    "its role"))
-        left: list[RepairStep] = []
-        missing, short = self.missing_standbys(self.current(inst.index) or inst)
-        primary = (self.current(inst.index) or inst).primary
-        if missing and primary is None:
-            raise GuestNotReady(f"{inst.name} has no leader in etcd yet: its missing standbys are built once Patroni "
+        inst = self.current(inst.index) or inst
+        present = [g for g in inst.guests if g.info.host not in lost]
+        need = wanted - len(present)
+        if need <= 0:
+            return RepairResult(tuple(done))
+        if inst.primary is None:
+            raise GuestNotReady(f"{inst.name} has no leader in etcd yet: its missing members are built once Patroni "
                                 "elects one")
+        free = [(h, n) for h, n in (*self.empty_slots(inst), *self.spare_slots(inst)) if h.name not in unreachable]
+        if not manager_may(Action.REBUILD, instance_creator(inst)):
+            names = [n for _, n in free[:need]] or ["a member"]
+            step = RepairStep(inst.name, Action.NONE, left_to_owner(f"{inst.name} lacks {', '.join(names)}",
+                                                                    [h.name for h, _ in free[:need]] or lost))
+            return RepairResult(tuple(done), (step,))
         used = {g.info.metadata.standby for g in inst.guests}
-        numbers = iter(n for n in range(1, len(inst.guests) + self.fleet.config.replication.standbys + 1)
-                       if n not in used)
-        for host, name in missing:
-            assert primary is not None
-            number = next(numbers)
-            if not manager_may(Action.REBUILD, instance_creator(inst)):
-                left.append(RepairStep(name, Action.NONE, left_to_owner(f"standby {name}", [host.name])))
-                continue
-            self.build_standby(primary, host, name, number, progress)
-            done.append(RepairStep(name, Action.REBUILD, f"built {name} on {host.name}; Patroni cloned it"))
-        if short:
-            log.warning("%s: %s", inst.name, short)
-        return RepairResult(tuple(done), tuple(left))
+        for host, name in free[:need]:
+            # A planned primary's slot taken again by a new member keeps its name: it joins as a
+            # standby whose number no guest of the instance uses.
+            number = standby_number(name) if name != inst.name else next(n for n in itertools.count(
+                self.fleet.config.replication.standbys + 1) if n not in used)
+            used.add(number)
+            self.build_standby(inst.primary, host, name, number, progress)
+            gone = [g.name for g in inst.guests if g.info.host in lost]
+            self._replaced.update(gone)
+            why = f" in place of {', '.join(gone)} (host {', '.join(sorted(lost))} lost)" if gone else ""
+            done.append(RepairStep(name, Action.REBUILD, f"built {name} on {host.name}{why}; Patroni cloned it"))
+        if need > len(free):
+            down = f" ({', '.join(sorted(unreachable))} not answering)" if unreachable else ""
+            lacking = (f"{inst.name} is {need - len(free)} member(s) short: no host answers and holds none of its "
+                       f"guests{down}; commits go on with the members it has, and the missing one is built when "
+                       "a host is back")
+            if not done:
+                raise CapacityError(lacking)
+            log.warning("%s", lacking)
+        return RepairResult(tuple(done))
+
+    def replaced(self, guest: str) -> bool:
+        """Was `guest` replaced on another host while its own was lost?"""
+        return guest in self._replaced
+
+    def lost_hosts(self) -> list[str]:
+        """Hosts that have not answered for recovery.host_timeout_s: their guests are replaced."""
+        timeout = self.fleet.config.recovery.host_timeout_s
+        now = time.time()
+        return sorted(h for h, (since, _why) in self.fleet.unreachable_hosts().items() if now - since >= timeout)
+
+    def spare_slots(self, inst: Instance) -> list[tuple[HostConfig, str]]:
+        """(host, guest name) on each standby host outside the instance's placement that holds
+        none of its guests: where a member of a lost host is built again. A standby host keeps a
+        slot for every instance (its slot i is instance i's), and the name is the one the placement
+        rule would give standby K there (pgc-01-sK, K above replication.standbys), so a name never
+        exists on two hosts."""
+        standby_hosts = self.fleet.config.standby_hosts
+        occupied = {g.info.host for g in inst.guests}
+        planned = {h.name for h, _ in self.fleet.placement.guests(inst.index)}
+        return [(host, standby_name(self.fleet.config.fleet, inst.index,
+                                    (position - inst.index + 1) % len(standby_hosts) + 1))
+                for position, host in enumerate(standby_hosts)
+                if host.name not in occupied and host.name not in planned]
+
+    def _whole_without(self, inst: Instance, guest: Guest) -> bool:
+        """Does Patroni show the instance with a leader and all its standbys streaming, `guest`
+        aside?"""
+        assert self.fleet.patroni is not None
+        view = self.fleet.patroni.view(inst.name, fresh=True)
+        if view is None or view.leader is None or guest_of_member(view.leader) == guest.name:
+            return False
+        streaming = [m for m in view.members if m.name != view.leader and m.replication_state == "streaming"
+                     and guest_of_member(m.name) != guest.name]
+        return len(streaming) >= self.fleet.config.replication.standbys
 
     def _fail_over(self, inst: Instance, progress: Progress, why: str) -> RepairStep:
         old = inst.primary.name if inst.primary else inst.name

@@ -302,16 +302,29 @@ class Supervisor:
         return found
 
     def _machine_problems(self, inst: Instance) -> list[tuple[str, str, str, str, str]]:
-        """Under Patroni only machines are the manager's: guests that stopped, standbys missing."""
+        """Under Patroni only machines are the manager's: guests that stopped, members on a host
+        lost for recovery.host_timeout_s (replaced elsewhere), standbys missing, and members
+        replaced meanwhile whose host is back (removed)."""
         found = []
-        for guest in inst.guests:
-            if guest.info.state not in ("running", "paused", "unreachable"):
-                role = "primary" if guest is inst.primary else "standby"
-                found.append((guest.name, guest.info.host, role, f"{role} not running", f"state {guest.info.state}"))
+        lost = self.repairer.lost_hosts()
         wanted = self.fleet.config.replication.standbys
-        if len(inst.guests) - 1 < wanted:
+        present = [g for g in inst.guests if g.info.host not in lost]
+        short = len(present) - 1 < wanted
+        for guest in inst.guests:
+            role = "primary" if guest is inst.primary else "standby"
+            if guest.info.host in lost:
+                if short:  # not yet replaced elsewhere
+                    found.append((guest.name, guest.info.host, role, HOST_LOST,
+                                  f"its host {guest.info.host} has not answered for "
+                                  f"{self.fleet.config.recovery.host_timeout_s} s or more"))
+            elif guest.info.state not in ("running", "paused", "unreachable"):
+                found.append((guest.name, guest.info.host, role, f"{role} not running", f"state {guest.info.state}"))
+            elif self.repairer.replaced(guest.name):
+                found.append((guest.name, guest.info.host, role, "member replaced",
+                              "its instance was made whole elsewhere while its host was lost"))
+        if short and len(present) == len(inst.guests):
             found.append((inst.name, "?", "standby", "standby missing",
-                          f"{len(inst.guests) - 1} of {wanted} standby guests exist"))
+                          f"{len(present) - 1} of {wanted} standby guests exist"))
         return found
 
     def _logs_in(self, guest: Guest) -> bool:
@@ -440,5 +453,6 @@ class Supervisor:
 def _decisive(steps: list[RepairStep]) -> Action:
     """The most decisive thing done names a repair's action."""
     actions = {step.action for step in steps}
-    return next((a for a in (Action.FAILOVER, Action.REJOIN, Action.REBUILD, Action.RESTART, Action.FOLLOW)
+    return next((a for a in (Action.FAILOVER, Action.REJOIN, Action.REBUILD, Action.RESTART, Action.REMOVE,
+                             Action.FOLLOW)
                  if a in actions), Action.NONE)
