@@ -229,7 +229,7 @@ def _revive_under_patroni(provisioner: Provisioner, retired: RetiredInstance, pr
     for guest in retired.guests:
         fleet.hosts[guest.host].storage.delete_volume(guest.marker)
     progress(retired.name, "back from retirement", 1.0)
-    log.info("brought %s back from retirement (retired %s): %s lead by %s", retired.name,
+    log.info("brought %s back from retirement (retired %s): %s led by %s", retired.name,
              time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(retired.retired_at)),
              ", ".join(f"{g.name} on {g.host}" for g in retired.guests), leader.name)
     return fleet.instance(retired.name)
