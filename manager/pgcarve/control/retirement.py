@@ -30,7 +30,7 @@ from pgcarve.control.fleet import Fleet, Guest, Instance, Progress, no_progress
 from pgcarve.control.provisioning import Provisioner
 from pgcarve.control.removal import forget_patroni_keys
 from pgcarve.control.retired import RetiredGuest, RetiredInstance, retired_instance, retired_instances
-from pgcarve.errors import Conflict, GuestNotReady, NotFound
+from pgcarve.errors import Conflict, GuestNotReady, NotFound, PgcarveError
 from pgcarve.naming import application_name, disk_volume, index_of, seed_volume, slot_name
 from pgcarve.postgres import replication
 from pgcarve.postgres.session import first_line
@@ -156,10 +156,28 @@ def _undone_on_failure(fleet: Fleet, retired: RetiredInstance, revive: Callable[
         return revive()
     except BaseException:
         # Retired again as it was: markers and disks untouched, guests undefined.
-        for guest in retired.guests:
-            if fleet.hosts[guest.host].defined(guest.name):
-                _undefine_keeping_disks(fleet, guest.host, guest.name)
+        _retire_again(fleet, retired)
         raise
+
+
+def _retire_again(fleet: Fleet, retired: RetiredInstance) -> list[str]:
+    """Undefine whatever runs of a retired instance (a revival cut short), keeping every disk;
+    returns the guests undefined. If a primary answers, its writes are fenced and a synchronous
+    standby caught up first, as in a retirement: the revival may have lifted the fence and
+    acknowledged commits, and guests powered off together keep only what reached their disks."""
+    left = [g for g in retired.guests if fleet.hosts[g.host].defined(g.name)]
+    if not left:
+        return []
+    inst = fleet.instance_at(retired.index)
+    if inst is not None and inst.primary is not None and inst.primary.info.state == "running":
+        try:
+            fence_and_catch_up(fleet, inst, no_progress, fleet.config.replication.retire_catch_up_s)
+        except PgcarveError as exc:
+            log.warning("%s: retiring it again without a caught-up synchronous standby (%s); its primary's disk "
+                        "holds every acknowledged commit", retired.name, exc)
+    for guest in left:
+        _undefine_keeping_disks(fleet, guest.host, guest.name)
+    return [g.name for g in left]
 
 
 def _revive(provisioner: Provisioner, retired: RetiredInstance, primary_guest: RetiredGuest,
@@ -314,11 +332,8 @@ def finish_interrupted(fleet: Fleet) -> list[str]:
     its retirement marker does is stopped and undefined again (disks kept). The instance is then
     retired as a whole; the next scale-up brings it back."""
     done = []
-    defined = {(g.host, g.name) for g in fleet.guests()}
     for retired in retired_instances(fleet):
-        left = [g for g in retired.guests if (g.host, g.name) in defined]
-        for guest in left:
-            _undefine_keeping_disks(fleet, guest.host, guest.name)
+        left = _retire_again(fleet, retired)
         if left:
-            done.append(f"{retired.name}: finished retiring {', '.join(g.name for g in left)} (disks kept)")
+            done.append(f"{retired.name}: finished retiring {', '.join(left)} (disks kept)")
     return done
