@@ -70,6 +70,11 @@ class PatroniUnavailable(GuestNotReady):
     with something that is not Patroni's."""
 
 
+class PatroniOutcomeUnknown(PatroniUnavailable):
+    """Patroni took a switchover or failover request but stopped waiting for its result (it answers
+    "status unknown"): the cluster's keys say what happened."""
+
+
 class NotLeader(PgcarveError):
     """This manager does not hold the fleet's leadership lease (or no longer does): it may not act."""
 

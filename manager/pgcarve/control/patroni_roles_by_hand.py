@@ -9,13 +9,14 @@ member outside the synchronous set needs `force`, and then says what may be miss
 
 from __future__ import annotations
 
+import logging
 import time
 from dataclasses import dataclass
 
 import psycopg
 
 from pgcarve.control.fleet import Fleet, Guest, Instance, Progress
-from pgcarve.errors import Conflict, GuestNotReady
+from pgcarve.errors import Conflict, GuestNotReady, PatroniOutcomeUnknown
 from pgcarve.naming import application_name
 from pgcarve.patroni.rest import PatroniClient
 from pgcarve.postgres import replication
@@ -23,6 +24,8 @@ from pgcarve.postgres import replication
 PATRONI_PORT = 8008  # the guests' Patroni REST API (images/rootfs/usr/local/sbin/pgcarve-guest-setup)
 PATRONI_USER = "pgcarve"
 NEW_LEADER_TIMEOUT_S = 60
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -76,15 +79,26 @@ def _wait_writable(fleet: Fleet, inst: Instance, old: str, progress: Progress) -
                     last = f"{leader}: {exc}"
         progress(inst.name, "waiting for the new leader to accept writes", 0.7)
         time.sleep(0.2)
-    raise GuestNotReady(f"{inst.name}: no new leader accepted writes within {NEW_LEADER_TIMEOUT_S} s ({last})")
+    raise GuestNotReady(f"{inst.name}: no new leader accepted writes within {NEW_LEADER_TIMEOUT_S} s ({last}); "
+                        f"Patroni's leader is {fleet.patroni.leader(inst.name) or 'nobody'}")
+
+
+def _outcome_from_etcd(inst: Instance, exc: PatroniOutcomeUnknown) -> str:
+    """Patroni stops waiting for a role change after its own timeout (a busy machine), not the
+    change itself: the new leader is then read from etcd, as after a clear answer."""
+    log.warning("%s: %s; reading the new leader from etcd instead", inst.name, exc)
+    return "no answer in time; the new leader was read from etcd"
 
 
 def switchover(fleet: Fleet, inst: Instance, to: str | None, progress: Progress) -> RoleChange:
     leader = _leader_or_refuse(inst)
     progress(inst.name, f"asking Patroni on {leader.name} to hand over{f' to {to}' if to else ''}", 0.2)
     started = time.monotonic()
-    with patroni_api(fleet, leader) as api:
-        said = api.switchover(application_name(leader.name), application_name(to) if to else None)
+    try:
+        with patroni_api(fleet, leader) as api:
+            said = api.switchover(application_name(leader.name), application_name(to) if to else None)
+    except PatroniOutcomeUnknown as exc:
+        said = _outcome_from_etcd(inst, exc)
     new = _wait_writable(fleet, inst, leader.name, progress)
     pause = time.monotonic() - started
     return RoleChange({"new_primary": new.name, "host": new.info.host, "write_pause_s": round(pause, 2)},
@@ -110,8 +124,11 @@ def failover(fleet: Fleet, inst: Instance, to: str | None, forced: bool, progres
     if asked is None:
         raise GuestNotReady(f"{inst.name} has no guest {to}")
     progress(inst.name, f"asking Patroni on {to} to take over", 0.2)
-    with patroni_api(fleet, asked) as api:
-        said = api.failover(application_name(to))
+    try:
+        with patroni_api(fleet, asked) as api:
+            said = api.failover(application_name(to))
+    except PatroniOutcomeUnknown as exc:
+        said = _outcome_from_etcd(inst, exc)
     new = _wait_writable(fleet, inst, old or "", progress)
     missing = [] if proven else [f"commits {old or 'the old leader'} acknowledged that {to} had not received "
                                  "(it was not a synchronous standby)"]

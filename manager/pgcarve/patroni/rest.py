@@ -25,7 +25,7 @@ from urllib.parse import urlsplit
 
 import httpx
 
-from pgcarve.errors import ConfigError, PatroniRefused, PatroniUnavailable
+from pgcarve.errors import ConfigError, PatroniOutcomeUnknown, PatroniRefused, PatroniUnavailable
 from pgcarve.patroni.view import PRIMARY_ROLES, int_or_none
 
 READ_TIMEOUT_S = 5.0
@@ -240,7 +240,7 @@ class PatroniClient:
         if response.status_code == 200:
             return reason
         if response.status_code == 503 and "status unknown" in reason.lower():
-            raise PatroniUnavailable(f"Patroni on {self.member} does not know whether the {action} happened "
+            raise PatroniOutcomeUnknown(f"Patroni on {self.member} does not know whether the {action} happened "
                                      f"({reason}): read the cluster's state before asking again")
         if response.status_code == 503 and "into DCS" in reason:  # Patroni could not write the request to etcd
             raise PatroniUnavailable(f"Patroni on {self.member} could not ask for the {action}: {reason}")
