@@ -16,20 +16,16 @@ from pathlib import Path
 from typing import cast
 
 import pytest
-from pgcarve.config import FleetConfig, HostConfig, InstanceSize, RecoveryPolicy, Replication
+from pgcarve.config import RecoveryPolicy, Replication
 from pgcarve.control import recovery
-from pgcarve.control.fleet import Fleet, Guest
+from pgcarve.control.fleet import Fleet
 from pgcarve.control.patroni_roles import PatroniClusters
 from pgcarve.control.recovery import Action, Repairer
 from pgcarve.errors import CapacityError
-from pgcarve.settings import Paths
 from pgcarve.virt.domain_xml import Nic, mac_for
-from pgcarve.virt.host import GuestInfo
 
-from bench import simulated_hosts
-from tests.support import testdriver as td
 from tests.support.domains import FLEET, guest_spec
-from tests.unit.test_repair_by_creator import FakeProvisioner
+from tests.unit.test_repair_by_creator import FakeProvisioner, fleet_of_hosts
 
 
 @dataclass(frozen=True)
@@ -78,31 +74,12 @@ class World:
 
 @pytest.fixture
 def world(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[World]:
-    node = simulated_hosts.ensure_fixture(simulated_hosts.TESTDRIVER_FILE, simulated_hosts.testdriver_xml())
-    caps = simulated_hosts.ensure_fixture(simulated_hosts.CAPABILITIES_FILE,
-                                          simulated_hosts.capabilities_xml()).read_text()
-    uri = f"test://{node.resolve()}"
-    config = FleetConfig(fleet=FLEET, domain_type="qemu",
-                         instance=InstanceSize(vcpus=1, memory_mib=1024, disk_reserve_mib=0),
-                         replication=Replication(standbys=2, sync_count=1),
-                         recovery=RecoveryPolicy(primary="restart", host_timeout_s=30),
-                         hosts=[HostConfig(name="h1", uri=uri, role="primary"),
-                                *(HostConfig(name=f"h{n}", uri=uri, role="standby") for n in (2, 3, 4))])
-    fleet = td.testdriver_fleet(config, Paths(tmp_path / "state"), caps)
-    monkeypatch.setattr(fleet, "reach", lambda info, with_endpoint=True: Guest(info=info, address=None,
-                                                                               endpoint=None))
+    fleet, removed = fleet_of_hosts(tmp_path, monkeypatch, 3, Replication(standbys=2, sync_count=1),
+                                    RecoveryPolicy(primary="restart", host_timeout_s=30))
     keys = Keys(streaming={"pgc_01_s1", "pgc_01_s2"})
     fleet.patroni = cast(PatroniClusters, StandInPatroni(keys))
     lost: dict[str, tuple[float, str]] = {}
     monkeypatch.setattr(fleet, "unreachable_hosts", lambda: dict(lost))
-    removed: list[str] = []
-    real_remove = recovery.remove_guest
-
-    def remove_guest(fleet: Fleet, info: GuestInfo) -> None:
-        removed.append(f"{info.name} on {info.host}")
-        real_remove(fleet, info)
-
-    monkeypatch.setattr(recovery, "remove_guest", remove_guest)
     for host, standby in (("h1", 0), ("h2", 1), ("h3", 2)):
         spec = guest_spec(1, standby=standby)
         fleet.hosts[host].define_and_start(replace(spec, nics=(Nic("pgcarve", mac_for(FLEET, spec.name)),)))

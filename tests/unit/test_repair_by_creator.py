@@ -112,18 +112,20 @@ class FakeProvisioner(Provisioner):
         return Guest(info=self.fleet.hosts[host.name].guest(name), address=None, endpoint=None)
 
 
-@pytest.fixture
-def world(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[World]:
+def fleet_of_hosts(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, standby_hosts: int, replication: Replication,
+                   recovery_policy: RecoveryPolicy) -> tuple[Fleet, list[str]]:
+    """A fleet on the test driver: h1 for primaries, h2.. for standbys. No guest has an address,
+    and the list returned records each guest a repair removes ("<guest> on <host>")."""
     node = simulated_hosts.ensure_fixture(simulated_hosts.TESTDRIVER_FILE, simulated_hosts.testdriver_xml())
     caps = simulated_hosts.ensure_fixture(simulated_hosts.CAPABILITIES_FILE,
                                           simulated_hosts.capabilities_xml()).read_text()
     uri = f"test://{node.resolve()}"
     config = FleetConfig(fleet=FLEET, domain_type="qemu",
                          instance=InstanceSize(vcpus=1, memory_mib=1024, disk_reserve_mib=0),
-                         replication=Replication(standbys=1, sync_count=1),
-                         recovery=RecoveryPolicy(primary="restart"),
+                         replication=replication, recovery=recovery_policy,
                          hosts=[HostConfig(name="h1", uri=uri, role="primary"),
-                                HostConfig(name="h2", uri=uri, role="standby")])
+                                *(HostConfig(name=f"h{n}", uri=uri, role="standby")
+                                  for n in range(2, standby_hosts + 2))])
     fleet = td.testdriver_fleet(config, Paths(tmp_path / "state"), caps)
     # No guest boots, so none has an address (the node file's leases would send tests off the machine).
     monkeypatch.setattr(fleet, "reach", lambda info, with_endpoint=True: Guest(info=info, address=None,
@@ -136,6 +138,13 @@ def world(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[World]:
         real_remove(fleet, info)
 
     monkeypatch.setattr(recovery, "remove_guest", remove_guest)
+    return fleet, removed
+
+
+@pytest.fixture
+def world(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[World]:
+    fleet, removed = fleet_of_hosts(tmp_path, monkeypatch, 1, Replication(standbys=1, sync_count=1),
+                                    RecoveryPolicy(primary="restart"))
     yield World(fleet, FakeProvisioner(fleet), removed)
     fleet.close()
 
