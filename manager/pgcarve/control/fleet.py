@@ -217,6 +217,13 @@ class Fleet:
         with self._guard:
             return dict(self._unreachable)
 
+    def lost_hosts(self) -> list[str]:
+        """Hosts that have not answered for recovery.host_timeout_s: under Patroni their members
+        are built again elsewhere (control/recovery.py)."""
+        timeout = self.config.recovery.host_timeout_s
+        now = time.time()
+        return sorted(h for h, (since, _why) in self.unreachable_hosts().items() if now - since >= timeout)
+
     def observe(self, with_endpoints: bool = True, guests: Sequence[GuestInfo] | None = None) -> list[Instance]:
         """Every instance, rebuilt from libvirt metadata on every host (sorted by index); from
         `guests` when given (a listing just made by guests(), so that one decision reads libvirt

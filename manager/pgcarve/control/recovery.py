@@ -14,13 +14,11 @@ the manager may not do (build a guest) is left to Terraform, and the result says
 
 from __future__ import annotations
 
-import enum
 import itertools
 import logging
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
 
 import psycopg
 
@@ -30,90 +28,20 @@ from pgcarve.control.fleet import Fleet, Guest, Instance, Progress, no_progress
 from pgcarve.control.patroni_roles import guest_of_member
 from pgcarve.control.provisioning import Provisioner
 from pgcarve.control.removal import remove_guest
+from pgcarve.control.repair_steps import (
+    Action,
+    RepairIncomplete,
+    RepairResult,
+    RepairStep,
+    instance_creator,
+    left_to_owner,
+    manager_may,
+)
 from pgcarve.errors import CapacityError, GuestNotReady, PgcarveError
-from pgcarve.naming import standby_name, standby_number
+from pgcarve.naming import standby_number
 from pgcarve.postgres import replication
 
 log = logging.getLogger("pgcarve.control.recovery")
-
-
-class Action(enum.StrEnum):
-    """What a repair step did to a guest."""
-
-    RESTART = "restart"  # started again from its own disk
-    REBUILD = "rebuild"  # removed and cloned again from the primary
-    FAILOVER = "failover"  # a standby promoted in the primary's place
-    REJOIN = "rejoin"  # a former primary rewound into a standby of the new one (its disk kept)
-    FOLLOW = "follow"  # a running standby pointed at the current primary again
-    REMOVE = "remove"  # a member replaced while its host was lost, removed once the replacement streams
-    NONE = "none"  # nothing done; for a step left to the guest's owner, the message says what to do
-
-
-# What the manager may do to a guest it did not create (Terraform's): what changes nothing that
-# Terraform owns. Starting a domain again, promoting a standby or rewinding a former primary
-# changes the guest's <metadata> (the provider never reads it back) and rewrites its seed volume
-# in place (same key); Terraform's next plan shows no change. Removing a guest and creating
-# another (REBUILD, and so building a missing standby) would make resources Terraform did not
-# create, which its next apply would fight.
-_ON_ANYONES_GUESTS = frozenset({Action.RESTART, Action.FAILOVER, Action.REJOIN, Action.FOLLOW})
-
-
-def manager_may(action: Action, created_by: str) -> bool:
-    """May a repair do `action` to a guest created by `created_by` ("manager" or "terraform")?
-    Anything to the manager's own guests; to anyone else's, only what leaves their resources as
-    they were made."""
-    return created_by == "manager" or action in _ON_ANYONES_GUESTS
-
-
-def instance_creator(inst: Instance) -> str:
-    """Who built the instance: "manager", unless one of its guests was created by someone else
-    (Terraform), whose configuration then holds the instance's guests, missing ones too."""
-    return next((g.info.metadata.created_by for g in inst.guests if g.info.metadata.created_by != "manager"),
-                "manager")
-
-
-def left_to_owner(what: str, hosts: Iterable[str], damaged: bool = False) -> str:
-    """The sentence for an operator when a repair needs a guest built that Terraform owns: `what`
-    is wrong, and where `terraform apply` puts it right (`damaged`: the guest's disk may be)."""
-    named = sorted(set(hosts))
-    text = (f"{what}: pgcarve does not rebuild or create Terraform's guests; run `terraform apply` for "
-            f"host{'s' if len(named) > 1 else ''} {', '.join(named)}")
-    if damaged:
-        text += " (add -replace for its domain, disk and seed if its disk is damaged)"
-    return text
-
-
-@dataclass(frozen=True)
-class RepairStep:
-    """One thing a repair did: to which guest (its name before the repair), and in words."""
-
-    guest: str
-    action: Action
-    message: str
-
-
-class RepairIncomplete(PgcarveError):
-    """A repair that failed after doing something (a failover, say): what, and why it stopped."""
-
-    def __init__(self, cause: PgcarveError, steps: tuple[RepairStep, ...]):
-        super().__init__(str(cause))
-        self.steps = steps
-
-
-@dataclass(frozen=True)
-class RepairResult:
-    steps: tuple[RepairStep, ...] = ()
-    # Faults the manager may not repair (manager_may), each with what an operator should do.
-    left: tuple[RepairStep, ...] = ()
-
-    def for_guest(self, guest: str) -> list[RepairStep]:
-        return [step for step in self.steps if step.guest == guest]
-
-    def left_for(self, guest: str) -> list[RepairStep]:
-        return [step for step in self.left if step.guest == guest]
-
-    def repaired(self, guest: str) -> bool:
-        return any(step.guest == guest for step in self.steps)
 
 
 class Repairer:
@@ -305,7 +233,7 @@ class Repairer:
         A guest on a host that does not answer is otherwise left alone: Patroni has already moved
         the leader if it had to."""
         unreachable = self.fleet.unreachable_hosts()
-        lost = self.lost_hosts()
+        lost = self.fleet.lost_hosts()
         wanted = 1 + self.fleet.config.replication.standbys
         surplus = len(inst.guests) - wanted
         for guest in inst.guests:
@@ -339,7 +267,8 @@ class Repairer:
         if inst.primary is None:
             raise GuestNotReady(f"{inst.name} has no leader in etcd yet: its missing members are built once Patroni "
                                 "elects one")
-        free = [(h, n) for h, n in (*self.empty_slots(inst), *self.spare_slots(inst)) if h.name not in unreachable]
+        spares = self.fleet.placement.spares(inst.index, {g.info.host for g in inst.guests})
+        free = [(h, n) for h, n in (*self.empty_slots(inst), *spares) if h.name not in unreachable]
         if not manager_may(Action.REBUILD, instance_creator(inst)):
             names = [n for _, n in free[:need]] or ["a member"]
             step = RepairStep(inst.name, Action.NONE, left_to_owner(f"{inst.name} lacks {', '.join(names)}",
@@ -370,26 +299,6 @@ class Repairer:
     def replaced(self, guest: str) -> bool:
         """Was `guest` replaced on another host while its own was lost?"""
         return guest in self._replaced
-
-    def lost_hosts(self) -> list[str]:
-        """Hosts that have not answered for recovery.host_timeout_s: their guests are replaced."""
-        timeout = self.fleet.config.recovery.host_timeout_s
-        now = time.time()
-        return sorted(h for h, (since, _why) in self.fleet.unreachable_hosts().items() if now - since >= timeout)
-
-    def spare_slots(self, inst: Instance) -> list[tuple[HostConfig, str]]:
-        """(host, guest name) on each standby host outside the instance's placement that holds
-        none of its guests: where a member of a lost host is built again. A standby host keeps a
-        slot for every instance (its slot i is instance i's), and the name is the one the placement
-        rule would give standby K there (pgc-01-sK, K above replication.standbys), so a name never
-        exists on two hosts."""
-        standby_hosts = self.fleet.config.standby_hosts
-        occupied = {g.info.host for g in inst.guests}
-        planned = {h.name for h, _ in self.fleet.placement.guests(inst.index)}
-        return [(host, standby_name(self.fleet.config.fleet, inst.index,
-                                    (position - inst.index + 1) % len(standby_hosts) + 1))
-                for position, host in enumerate(standby_hosts)
-                if host.name not in occupied and host.name not in planned]
 
     def _whole_without(self, inst: Instance, guest: Guest) -> bool:
         """Does Patroni show the instance with a leader and all its standbys streaming, `guest`

@@ -10,7 +10,7 @@ Guests still being built by a scale operation (marked "creating") and guests thi
 removing are not faults; the operation handles them.
 
 Instances Terraform built are watched and repaired like the manager's own, within what the
-manager may do to Terraform's guests (recovery.manager_may). What it may not do (build a guest)
+manager may do to Terraform's guests (repair_steps.manager_may). What it may not do (build a guest)
 is reported once, saying which `terraform apply` to run, and not attempted again each sweep.
 """
 
@@ -30,7 +30,8 @@ import psycopg
 from pgcarve.control.fleet import Fleet, Guest, Instance, Progress
 from pgcarve.control.primary_watch import PrimaryWatch
 from pgcarve.control.provisioning import Provisioner
-from pgcarve.control.recovery import Action, Repairer, RepairIncomplete, RepairStep
+from pgcarve.control.recovery import Repairer
+from pgcarve.control.repair_steps import RepairIncomplete, RepairStep, decisive
 from pgcarve.errors import CapacityError, NotFound, PgcarveError
 from pgcarve.postgres import replication
 from pgcarve.virt.events import GuestEvent, LifecycleWatch
@@ -302,11 +303,10 @@ class Supervisor:
         return found
 
     def _machine_problems(self, inst: Instance) -> list[tuple[str, str, str, str, str]]:
-        """Under Patroni only machines are the manager's: guests that stopped, members on a host
-        lost for recovery.host_timeout_s (replaced elsewhere), standbys missing, and members
-        replaced meanwhile whose host is back (removed)."""
+        """Under Patroni only machines are the manager's: guests stopped, members of a lost host
+        not yet replaced elsewhere, standbys missing, replaced members whose host is back."""
         found = []
-        lost = self.repairer.lost_hosts()
+        lost = self.fleet.lost_hosts()
         wanted = self.fleet.config.replication.standbys
         present = [g for g in inst.guests if g.info.host not in lost]
         short = len(present) - 1 < wanted
@@ -412,7 +412,7 @@ class Supervisor:
                         for incident in incidents:  # what was done stays the incident's story
                             done = self._earlier.setdefault(incident.id, [])
                             done.extend(steps)
-                            self._finish([incident], "failed", _decisive(done).value if done else self.policy,
+                            self._finish([incident], "failed", decisive(done).value if done else self.policy,
                                          "; ".join([*(step.message for step in done), f"then failed: {exc}"])
                                          if done else str(exc))
                         continue
@@ -435,7 +435,7 @@ class Supervisor:
                     # Only standbys are left to their owner (see the sweep about the names).
                     if incident.role == "standby" and (left := result.left_for(incident.guest)):
                         steps = self._earlier.pop(incident.id, []) + result.for_guest(incident.guest)
-                        self._finish([incident], "reported", _decisive(steps).value,
+                        self._finish([incident], "reported", decisive(steps).value,
                                      "; ".join(step.message for step in (*steps, *left)))
                         continue
                     # Earlier attempts that failed half-way count too (a failover, then a retry).
@@ -443,16 +443,8 @@ class Supervisor:
                                                                   or list(result.steps))
                     message = ("; ".join(step.message for step in steps)
                                or "nothing to do: the instance was already whole")
-                    self._finish([incident], "recovered", _decisive(steps).value, message)
+                    self._finish([incident], "recovered", decisive(steps).value, message)
         finally:
             with self._lock:
                 self._running.discard(index)
             self.on_change()
-
-
-def _decisive(steps: list[RepairStep]) -> Action:
-    """The most decisive thing done names a repair's action."""
-    actions = {step.action for step in steps}
-    return next((a for a in (Action.FAILOVER, Action.REJOIN, Action.REBUILD, Action.RESTART, Action.REMOVE,
-                             Action.FOLLOW)
-                 if a in actions), Action.NONE)

@@ -96,6 +96,18 @@ class Placement:
         return [(primary_host, instance_name(fleet, index))] + [
             (host, standby_name(fleet, index, s)) for s, host in enumerate(standby_hosts, start=1)]
 
+    def spares(self, index: int, occupied: set[str]) -> list[tuple[HostConfig, str]]:
+        """(host, guest name) on each standby host outside instance `index`'s placement and not in
+        `occupied`: where a member of a lost host is built again. A standby host keeps a slot for
+        every instance (its slot i is instance i's), and the name is the one the placement rule
+        would give standby K there (pgc-01-sK, K above replication.standbys), so a name never
+        exists on two hosts."""
+        standby_hosts = self.config.standby_hosts
+        planned = {h.name for h, _ in self.guests(index)}
+        return [(host, standby_name(self.config.fleet, index, (position - index + 1) % len(standby_hosts) + 1))
+                for position, host in enumerate(standby_hosts)
+                if host.name not in occupied and host.name not in planned]
+
     def slot(self, host: str, index: int) -> tuple[HostPlan, InstanceSlot]:
         """The CPU slot instance `index` takes on `host` (stable across scaling)."""
         if host in {h.name for h in self.config.primary_hosts}:
