@@ -275,6 +275,8 @@ class Repairer:
                                                                     [h.name for h, _ in free[:need]] or lost))
             return RepairResult(tuple(done), (step,))
         used = {g.info.metadata.standby for g in inst.guests}
+        gone = [g.name for g in inst.guests if g.info.host in lost]
+        why = f" in place of {', '.join(gone)} (host {', '.join(lost)} lost)" if gone else ""
         for host, name in free[:need]:
             # A planned primary's slot taken again by a new member keeps its name: it joins as a
             # standby whose number no guest of the instance uses.
@@ -282,9 +284,7 @@ class Repairer:
                 self.fleet.config.replication.standbys + 1) if n not in used)
             used.add(number)
             self.build_standby(inst.primary, host, name, number, progress)
-            gone = [g.name for g in inst.guests if g.info.host in lost]
             self._replaced.update(gone)
-            why = f" in place of {', '.join(gone)} (host {', '.join(sorted(lost))} lost)" if gone else ""
             done.append(RepairStep(name, Action.REBUILD, f"built {name} on {host.name}{why}; Patroni cloned it"))
         if need > len(free):
             down = f" ({', '.join(sorted(unreachable))} not answering)" if unreachable else ""

@@ -86,8 +86,7 @@ def fence_and_catch_up(fleet: Fleet, instance: Instance, progress: Progress, tim
 def _lift_fence(fleet: Fleet, primary: Guest) -> None:
     """Best effort after a failed fence; the primary watch lifts a fence left behind as well."""
     try:
-        with fleet.connect(primary) as conn:
-            replication.allow_writes(conn)
+        _allow_writes(fleet, primary)
     except psycopg.Error as exc:
         log.warning("%s: could not lift the write fence yet (%s); the primary watch retries", primary.name,
                     first_line(exc))
