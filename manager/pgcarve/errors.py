@@ -52,6 +52,15 @@ class GuestNotReady(PgcarveError):
     """A guest did not reach the expected state (booted, accepting SQL) in time."""
 
 
+class GuestStuck(GuestNotReady):
+    """A new guest's boot stopped at a stage it should have passed (control/boot_watch.py): the
+    message names the stage, why, and the console's last lines."""
+
+    def __init__(self, message: str, stage: str) -> None:
+        super().__init__(message)
+        self.stage = stage
+
+
 class SandboxError(PgcarveError):
     """The local sandbox could not be started, used or stopped."""
 

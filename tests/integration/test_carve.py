@@ -1,14 +1,16 @@
-"""Carving for real, in a 3-host sandbox: scale 0 -> 1 -> 2 -> 1 -> 2 over HTTP (the manager killed
-and every libvirtd restarted while the second instance is built, under a writer on the first),
-pinning read back through libvirt, SQL in every primary, synchronous standbys on other hosts,
-committed rows on the standby, a full backup under a writer listed with its recoverable window,
-the API's aggregate TPS against pgbench's, a scale-down that cannot catch up and lifts its fence,
-and scale-down retiring an instance and scale-up bringing the same database back.
+"""Carving for real, in a 3-host sandbox: scale 0 -> 1 -> 2 -> 1 -> 2 over HTTP (two standbys' first
+boots stuck and built again once; the manager killed and every libvirtd restarted while the second
+instance is built, under a writer on the first), pinning read back through libvirt, SQL in every
+primary, synchronous standbys on other hosts, committed rows on the standby, a full backup under a
+writer listed with its recoverable window, the API's aggregate TPS against pgbench's, a scale-down
+that cannot catch up and lifts its fence, and scale-down retiring an instance and scale-up
+bringing the same database back.
 test_connect.py uses the two instances left here, then purges one. Tests run in file order and
 share the booted guests."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import subprocess
@@ -16,7 +18,7 @@ import sys
 import threading
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import psycopg
 import pytest
@@ -25,11 +27,13 @@ from pgcarve.backup import pgbackrest
 from pgcarve.cli.client import ApiClient
 from pgcarve.control.fleet import Fleet, Guest
 from pgcarve.control.removal import leftovers
+from pgcarve.errors import PgcarveError
 from pgcarve.postgres.pgbench import run_pgbench, setup_transactions
 from pgcarve.postgres.session import CLIENT_DATABASE
 from pgcarve.sandbox.faults import SandboxFaults
 from pgcarve.sandbox.forward import ForwardRegistry
-from pgcarve.virt.agent import run_in_guest
+from pgcarve.virt.agent import agent_answers, run_in_guest
+from pgcarve.virt.domain_xml import mac_for
 from pgcarve.virt.host import LibvirtHost
 
 from tests.integration.conftest import IT_STATE, TOKEN, CarveEnv, wait_for, wait_operation
@@ -84,12 +88,52 @@ def _check_layout(docs: list[dict[str, Any]]) -> None:
         assert standby_hosts == {"h1", "h2"}, "standbys must be on two other hosts"
 
 
-def test_scale_up_to_one_over_http(carve_env: CarveEnv) -> None:
-    with carve_env.client() as client:
-        resp = client.put("/v1/scale", json={"instances": 1})
-        assert resp.status_code == 202, resp.text
-        op = wait_operation(carve_env, resp.json()["operation"])
+def _panic_once_up(lv: LibvirtHost, faults: SandboxFaults, guest: str, stop: threading.Event) -> None:
+    """Panic `guest`'s kernel as soon as its system is up (its agent answers), once."""
+    while not stop.wait(1):
+        with contextlib.suppress(PgcarveError):
+            if lv.guest(guest).state == "running" and agent_answers(lv, guest):
+                faults.panic_guest(lv.name, guest)
+                return
+
+
+def test_scale_up_to_one_over_http_with_two_first_boots_stuck(carve_env: CarveEnv, fleet: Fleet) -> None:
+    """pgc-01's first boots go wrong twice: pgc-01-s1 gets no DHCP answer (its host drops its
+    requests) and pgc-01-s2's kernel panics once its system is up. The operation says where each
+    stopped and why, keeps their consoles, builds each once more, and succeeds."""
+    faults = SandboxFaults(carve_env.sandbox)
+    no_dhcp = mac_for("pgc", "pgc-01-s1")
+    faults.drop_dhcp("h1", no_dhcp)
+    stop = threading.Event()
+    panicker = threading.Thread(target=_panic_once_up, args=(fleet.hosts["h2"], faults, "pgc-01-s2", stop))
+    panicker.start()
+    try:
+        with carve_env.client() as client:
+            resp = client.put("/v1/scale", json={"instances": 1})
+            assert resp.status_code == 202, resp.text
+            op_id = resp.json()["operation"]
+
+            def stuck_for_dhcp() -> bool:
+                steps = client.get(f"/v1/operations/{op_id}").json()["steps"]
+                return bool(steps.get("pgc-01-s1", {}).get("stuck"))
+
+            wait_for(stuck_for_dhcp, "pgc-01-s1 found stuck without an address", 900)
+            faults.answer_dhcp("h1", no_dhcp)  # its second boot gets its address
+        op = wait_operation(carve_env, op_id)
         assert op["status"] == "succeeded", op["error"]
+    finally:
+        stop.set()
+        faults.answer_dhcp("h1", no_dhcp)
+        panicker.join(timeout=30)
+    steps = cast(dict[str, Any], op["steps"])
+    (dhcp,) = steps["pgc-01-s1"]["stuck"]
+    assert "boot stopped at stage 'address'" in dhcp and "it got no address (no DHCP lease)" in dhcp, dhcp
+    (panic,) = steps["pgc-01-s2"]["stuck"]
+    assert "its kernel panicked" in panic and "Kernel panic - not syncing" in panic, panic
+    for diagnosis in (dhcp, panic):
+        kept = Path(diagnosis.split("its console is kept in ", 1)[1].split()[0])
+        assert kept.is_file() and kept.is_relative_to(carve_env.paths.state_dir / "consoles"), diagnosis
+    print("pgc-01-s1:", dhcp, "\npgc-01-s2:", panic)
     docs = _streaming_instances(carve_env, 1)
     assert [d["name"] for d in docs] == ["pgc-01"]
     _check_layout(docs)

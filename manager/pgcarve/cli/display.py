@@ -47,11 +47,18 @@ def progress_display() -> Progress:
 
 
 def follow_operation(client: ApiClient, op_id: str, title: str) -> dict[str, Any]:
-    """Show an API operation's progress as one bar until it succeeds or fails; its last document."""
+    """Show an API operation's progress as one bar until it succeeds or fails; its last document.
+    A guest found stuck while it booted (and built again) is said above the bar as it happens."""
+    said: set[str] = set()
     with progress_display() as progress:
         task = progress.add_task(title, total=1.0, step="pending")
         while True:
             op: dict[str, Any] = client.get(f"/v1/operations/{op_id}")
+            for guest, step in (op.get("steps") or {}).items():
+                for note in step.get("stuck") or ():
+                    if note not in said:
+                        said.add(note)
+                        progress.console.print(f"[yellow]{guest}: {note}", highlight=False)
             progress.update(task, completed=op["progress"], step=op.get("message") or op["status"])
             if op["status"] in ("succeeded", "failed"):
                 return op

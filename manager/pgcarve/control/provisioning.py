@@ -28,12 +28,13 @@ import psycopg
 from pgcarve.backup import pgbackrest
 from pgcarve.config import HostConfig
 from pgcarve.control.access import refresh_replication_access
+from pgcarve.control.boot_watch import REBUILDING, Boot, started, wait_sql
 from pgcarve.control.capacity import require_free_space
 from pgcarve.control.fleet import Fleet, Guest, Instance, Progress, no_progress
 from pgcarve.control.removal import after_failed_create, remove_guest
 from pgcarve.control.sync import initial_record, names_for
 from pgcarve.control.sync_record import SyncRecord
-from pgcarve.errors import CapacityError, GuestNotReady, PgcarveError
+from pgcarve.errors import GuestNotReady, GuestStuck, PgcarveError
 from pgcarve.failpoints import failpoint
 from pgcarve.guest.credentials import InstanceSecrets
 from pgcarve.guest.image import LocalImage
@@ -60,6 +61,9 @@ class Provisioner:
         stand-ins whose guests never boot (the benchmarks on libvirt's test driver)."""
         self.fleet = fleet
         self.ready: Readiness = ready if ready is not None else self.wait_sql
+        self._made: dict[str, tuple[InstanceMetadata, GuestSeed]] = {}  # created here, not yet ready
+        # Their consoles, opened as they started, for the boot watch; not for stand-ins that never boot.
+        self._booting: dict[str, Boot] | None = {} if ready is None else None
 
     # -- what a guest is ----------------------------------------------------------------------
 
@@ -151,6 +155,9 @@ class Provisioner:
         spec = self.domain_spec(host, name, meta, image, self.fleet.domain_types.of(host.name), creating=True)
         progress(name, f"starting on {host.name} CPUs {','.join(map(str, spec.vcpu_pins))}", 0.2)
         lv.define_and_start(spec)
+        self._made[name] = (meta, seed)
+        if self._booting is not None:
+            self._booting[name] = started(lv, name)
 
     def boot_kept_disk(self, host_name: str, name: str, meta: InstanceMetadata, image_tag: str,
                        start: bool = True) -> None:
@@ -175,50 +182,36 @@ class Provisioner:
 
     def wait_sql(self, host: HostConfig, name: str, progress: Progress, standby: bool | None = False) -> Guest:
         """Wait until PostgreSQL in the guest accepts our login (and, for a standby, is in recovery;
-        `standby` None: in whichever role Patroni gives it)."""
-        lv = self.fleet.hosts[host.name]
-        timeout_s = self.fleet.boot_timeout_s
-        started = time.monotonic()
-        deadline = started + timeout_s
-        last_error = "no address yet"
-        # A standby replicates only once its instance's guests let its address in. Let in again if
-        # the address changes: a guest re-created under an old name may first show the old
-        # guest's DHCP lease (same MAC) until it gets its own.
-        let_in: str | None = None
-        while time.monotonic() < deadline:
-            info = lv.guest(name)
-            if info.state == "paused":
-                errors = lv.disk_errors(name)
-                if "no space left" in errors.values():
-                    raise CapacityError(
-                        f"{name} on {host.name}: its disk ran out of space while booting (storage pool "
-                        f"{lv.storage.pool_name} at {lv.storage.pool_path} is full); free space there or lower "
-                        "instance.disk_gib"
-                    )
-                if errors:
-                    raise GuestNotReady(f"{name} on {host.name} stopped on a disk error: {errors}")
-            if info.state not in ("running", "paused"):
-                raise GuestNotReady(f"{name} on {host.name} stopped while booting (state {info.state})")
-            guest = self.fleet.reach(info)
-            if standby is not False and guest.address is not None and guest.address != let_in:
-                try:
-                    refresh_replication_access(self.fleet, info.metadata.index)
-                    let_in = guest.address
-                except PgcarveError as exc:
-                    last_error = f"letting it replicate: {exc}"
-            if guest.endpoint is not None:
-                try:
-                    with self.fleet.connect(guest, timeout_s=3) as conn:
-                        if standby is None or replication.in_recovery(conn) == standby:
-                            return guest
-                        last_error = "not in the expected role yet"
-                except psycopg.Error as exc:
-                    last_error = first_line(exc)
-            elapsed = time.monotonic() - started
-            progress(name, "booting" if guest.endpoint is None else "waiting for PostgreSQL",
-                     min(0.9, 0.25 + 0.65 * elapsed / 60))
-            time.sleep(0.5)
-        raise GuestNotReady(f"{name} on {host.name} did not accept SQL within {timeout_s:.0f} s: {last_error}")
+        `standby` None: in whichever role Patroni gives it), its boot watched stage by stage."""
+        boot = self._booting.pop(name, None) if self._booting is not None else None
+        return wait_sql(self.fleet, host, name, progress, standby, boot)
+
+    def ready_once_rebuilt(self, host: HostConfig, name: str, progress: Progress, standby: bool | None) -> Guest:
+        """`ready` for a guest this provisioner just created: one stuck in its first boot, before
+        it held any data, is destroyed and created again once (a new seed, the same name and slot);
+        a second stuck boot fails with both diagnoses."""
+        try:
+            guest = self.ready(host, name, progress, standby)
+        except GuestStuck as first:
+            made = self._made.pop(name, None)
+            if made is None:
+                raise
+            log.warning("%s; building %s again, once", first, name)
+            progress(name, f"{REBUILDING}{first}", 0.2)
+            lv = self.fleet.hosts[host.name]
+            self.fleet.planned_stops.will_stop(name)
+            lv.destroy(name)
+            for volume in (disk_volume(name), seed_volume(name)):  # its address stays reserved for it
+                lv.storage.delete_volume(volume)
+            self.create_guest(host, name, *made, progress)
+            self._made.pop(name, None)
+            try:
+                return self.ready(host, name, progress, standby)
+            except GuestStuck as second:
+                raise GuestStuck(f"{name} on {host.name} did not boot, twice. First: {first} Then, built again: "
+                                 f"{second}", second.stage) from second
+        self._made.pop(name, None)
+        return guest
 
     # -- instances ---------------------------------------------------------------------------
 
@@ -280,7 +273,7 @@ class Provisioner:
             if addressed is not None:  # they boot while the primary does, and stream once it answers
                 self.start_standby(addressed, host, sname, number, progress, self.same_image(primary_host, host))
                 booting[sname] = str(addressed.address)
-        primary = self.ready(primary_host, name, progress, False)
+        primary = self.ready_once_rebuilt(primary_host, name, progress, False)
         self.fleet.hosts[primary_host.name].mark_complete(name)
         failpoint("provisioning.primary_ready")
         progress(name, "primary accepts SQL", 1.0 if not standby_names else 0.6)
@@ -314,7 +307,7 @@ class Provisioner:
             raise GuestNotReady(f"{primary.name} has no address to clone a standby from")
         self.make_slot(primary, name)
         self.start_standby(primary, host, name, number, progress, from_image)
-        guest = self.ready(host, name, progress, True)
+        guest = self.ready_once_rebuilt(host, name, progress, True)
         progress(name, "standby replaying", 1.0)
         return guest
 
@@ -377,7 +370,7 @@ class Provisioner:
             return self.create_standby(primary, host, name, number, progress, self.same_image(
                 self.fleet.config.host(primary.info.host), host))
         self.make_slot(primary, name)
-        guest = self.ready(host, name, progress, True)
+        guest = self.ready_once_rebuilt(host, name, progress, True)
         progress(name, "standby replaying", 1.0)
         return guest
 

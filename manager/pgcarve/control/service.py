@@ -17,6 +17,7 @@ from typing import Any
 
 from pgcarve.config import FleetConfig
 from pgcarve.control.backups import Backups
+from pgcarve.control.boot_watch import REBUILDING
 from pgcarve.control.capacity import check_capacity
 from pgcarve.control.collector import Collector, Target
 from pgcarve.control.fleet import Fleet, Instance, Progress
@@ -337,7 +338,12 @@ class ManagerService:
         def progress(name: str, step: str, fraction: float) -> None:
             with lock:
                 steps = dict(op.steps)
-                steps[name] = {"step": step, "fraction": round(fraction, 3)}
+                # A guest's stuck boots stay in its entry after the step has moved on.
+                earlier = steps.get(name, {}).get("stuck", [])
+                stuck = [*(earlier if isinstance(earlier, list) else [])]
+                if step.startswith(REBUILDING):
+                    stuck.append(step)
+                steps[name] = {"step": step, "fraction": round(fraction, 3), **({"stuck": stuck} if stuck else {})}
                 fractions = [float(str(s["fraction"])) for s in steps.values()]
                 overall = sum(fractions) / max(1, len(fractions))
                 self.operations.update(op, steps=steps, progress=round(min(0.99, overall), 3),

@@ -1,7 +1,8 @@
 """Faults injected into the sandbox on purpose, by an operator trying pgcarve out or by a test:
 a guest's QEMU killed, a host's libvirtd restarted under running guests, a whole host killed
 (and brought back), a host cut off from the others (and healed), a command run inside a host
-(say, a tiny filesystem for a disk-full test). `pgcarve sandbox kill-guest | restart-libvirtd |
+(say, a tiny filesystem for a disk-full test), a guest's DHCP requests left unanswered, a guest's
+kernel made to panic. `pgcarve sandbox kill-guest | restart-libvirtd |
 kill-host | revive-host | partition | heal` call these.
 """
 
@@ -12,10 +13,17 @@ import subprocess
 from pathlib import Path
 
 import pgcarve.processes as processes
-from pgcarve.errors import SandboxError
+from pgcarve.errors import GuestCommandFailed, SandboxError
 from pgcarve.processes import ProcessStatus
 from pgcarve.sandbox.hosts import GUEST_BRIDGE, Sandbox, run_checked
 from pgcarve.sandbox.namespaces import same_netns
+from pgcarve.virt.agent import run_in_guest
+from pgcarve.virt.host import LibvirtHost
+
+
+def _dhcp_rule(mac: str) -> list[str]:
+    return ["INPUT", "-p", "udp", "--dport", "67", "-m", "mac", "--mac-source", mac, "-m", "comment",
+            "--comment", "pgcarve fault: no DHCP answer", "-j", "DROP"]
 
 
 class SandboxFaults:
@@ -109,3 +117,26 @@ class SandboxFaults:
         sandbox_host = self.sandbox.host_named(host)
         out = run_checked(["ip", "-n", self.sandbox.wire_netns, "-o", "link", "show", f"w{sandbox_host.index}"]).stdout
         return "state DOWN" in out or "<BROADCAST,MULTICAST>" in out
+
+    def drop_dhcp(self, host: str, mac: str) -> None:
+        """Leave the DHCP requests of the guest with `mac` on `host` unanswered (its host's DHCP
+        server never sees them), until `answer_dhcp`. A guest booting meanwhile gets no address."""
+        if self.run_in_host(host, ["iptables", "-w", "-C", *_dhcp_rule(mac)], check=False).returncode != 0:
+            self.run_in_host(host, ["iptables", "-w", "-I", *_dhcp_rule(mac)[:1], "1", *_dhcp_rule(mac)[1:]])
+
+    def answer_dhcp(self, host: str, mac: str) -> None:
+        """Undo `drop_dhcp` (nothing if it was not in place)."""
+        while self.run_in_host(host, ["iptables", "-w", "-C", *_dhcp_rule(mac)], check=False).returncode == 0:
+            self.run_in_host(host, ["iptables", "-w", "-D", *_dhcp_rule(mac)])
+
+    def panic_guest(self, host: str, guest: str) -> None:
+        """Make the guest's kernel panic (sysrq 'c', through its guest agent), as a kernel bug
+        would: it stops where it is, its domain still running, its console saying why."""
+        sandbox_host = self.sandbox.host_named(host)
+        lv = LibvirtHost(sandbox_host.name, sandbox_host.uri)
+        try:
+            run_in_guest(lv, guest, ["/bin/sh", "-c", "echo c > /proc/sysrq-trigger"], timeout_s=5)
+        except GuestCommandFailed:
+            pass  # the agent went down with the kernel before it could answer: that is the point
+        finally:
+            lv.close()

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 import libvirt
 import libvirt_qemu
 
-from pgcarve.errors import GuestCommandFailed
+from pgcarve.errors import GuestCommandFailed, PgcarveError
 from pgcarve.virt.host import LibvirtHost
 
 AGENT_TIMEOUT_S = 10  # one request to the agent
@@ -34,11 +34,20 @@ class GuestCommandResult:
     stderr: str
 
 
-def _agent(host: LibvirtHost, name: str, command: dict[str, object]) -> dict[str, object]:
+def _agent(host: LibvirtHost, name: str, command: dict[str, object],
+           timeout_s: int = AGENT_TIMEOUT_S) -> dict[str, object]:
+    result = _agent_answer(host, name, command, timeout_s)
+    if not isinstance(result, dict):
+        raise GuestCommandFailed(f"{name}: its guest agent answered {str(result)[:200]!r}")
+    return result
+
+
+def _agent_answer(host: LibvirtHost, name: str, command: dict[str, object], timeout_s: int) -> object:
+    """What the agent returned for `command` (its "return" member)."""
     with host.translate(f"asking {name}'s guest agent"):
         dom = host.conn.lookupByName(name)
         try:
-            answer = libvirt_qemu.qemuAgentCommand(dom, json.dumps(command), AGENT_TIMEOUT_S, 0)
+            answer = libvirt_qemu.qemuAgentCommand(dom, json.dumps(command), timeout_s, 0)
         except libvirt.libvirtError as exc:
             if exc.get_error_code() in (libvirt.VIR_ERR_AGENT_UNRESPONSIVE, libvirt.VIR_ERR_OPERATION_INVALID,
                                         libvirt.VIR_ERR_ARGUMENT_UNSUPPORTED):
@@ -46,10 +55,31 @@ def _agent(host: LibvirtHost, name: str, command: dict[str, object]) -> dict[str
                                          ) from None
             raise
     doc = json.loads(answer)
-    result = doc.get("return") if isinstance(doc, dict) else None
-    if not isinstance(result, dict):
+    if not isinstance(doc, dict) or "return" not in doc:
         raise GuestCommandFailed(f"{name}: its guest agent answered {answer[:200]!r}")
-    return result
+    return doc["return"]
+
+
+def agent_answers(host: LibvirtHost, name: str) -> bool:
+    """Does guest `name`'s agent answer a ping? (Then its kernel and systemd are up: the agent is
+    a service of the guest's own.)"""
+    try:
+        _agent(host, name, {"execute": "guest-ping"}, timeout_s=2)
+    except PgcarveError:
+        return False
+    return True
+
+
+def guest_addresses(host: LibvirtHost, name: str) -> set[str]:
+    """The IPv4 addresses guest `name` itself holds, as its agent says (empty when it does not
+    answer): unlike a DHCP lease listed on its host, never a former guest's of the same name."""
+    try:
+        answer = _agent_answer(host, name, {"execute": "guest-network-get-interfaces"}, timeout_s=2)
+    except PgcarveError:
+        return set()
+    interfaces = answer if isinstance(answer, list) else []
+    return {str(a.get("ip-address")) for i in interfaces if isinstance(i, dict)
+            for a in i.get("ip-addresses") or [] if isinstance(a, dict) and a.get("ip-address-type") == "ipv4"}
 
 
 def run_in_guest(host: LibvirtHost, name: str, argv: Sequence[str], timeout_s: float,
