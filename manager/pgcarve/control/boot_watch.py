@@ -93,8 +93,8 @@ def fatal_in(console: str) -> str | None:
 
 def setup_step(console: str) -> str | None:
     """The last step the guest's own set-up printed on the console, if any."""
-    steps = [m.group(1).strip() for line in console.splitlines() if (m := SETUP_LINE.search(line))]
-    return steps[-1] if steps else None
+    steps = [m.group(1) for line in console.splitlines() if (m := SETUP_LINE.search(line))]
+    return " ".join(steps[-1].split())[:200] if steps else None
 
 
 Boot = tuple[float, ConsoleTap]
