@@ -125,6 +125,18 @@ def test_no_address_past_its_bound_is_stuck_at_that_stage_with_the_console_kept(
     assert len(kept) == 1 and str(kept[0]) in message
 
 
+def test_the_system_bound_counts_from_the_wait_for_a_guest_waited_for_late(
+        tmp_path: Path, agent: dict[str, bool]) -> None:
+    """A standby started with its primary is waited for once the primary answers: its system
+    gets the whole bound from then, as it had the whole boot timeout before stages were watched."""
+    w = watch(tmp_path, 150)  # started 150 s ago, waited for from now; its system bound is 100 s
+    assert w.check(None).startswith("waiting until its system is up")
+    w.waited -= 101
+    with pytest.raises(GuestStuck) as stuck:
+        w.check(None)
+    assert stuck.value.stage == "system" and "never came up" in str(stuck.value)
+
+
 def test_a_lease_the_guest_does_not_hold_is_not_its_address(tmp_path: Path, agent: dict[str, bool]) -> None:
     """A lease listed on the host for the guest's MAC may be a former guest's of the same name: the
     address counts once the guest's own agent reports it."""
