@@ -174,6 +174,7 @@ class Rebuilder(Recorder):
             lv.destroy = lambda name, undefine=True: self.events.append(f"destroy {name}")
             lv.storage = SimpleNamespace(delete_volume=lambda volume: self.events.append(f"delete {volume}"))
         fleet.planned_stops = SimpleNamespace(will_stop=lambda name: None)
+        fleet.forwards = SimpleNamespace(remove=lambda name: None)
 
     def create_guest(self, host: HostConfig, name: str, meta: InstanceMetadata, seed: Any,
                      progress: Progress) -> None:

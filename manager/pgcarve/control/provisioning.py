@@ -198,11 +198,7 @@ class Provisioner:
                 raise
             log.warning("%s; building %s again, once", first, name)
             progress(name, f"{REBUILDING}{first}", 0.2)
-            lv = self.fleet.hosts[host.name]
-            self.fleet.planned_stops.will_stop(name)
-            lv.destroy(name)
-            for volume in (disk_volume(name), seed_volume(name)):  # its address stays reserved for it
-                lv.storage.delete_volume(volume)
+            remove_guest(self.fleet, self.fleet.hosts[host.name].guest(name), keep_address=True)
             self.create_guest(host, name, *made, progress)
             self._made.pop(name, None)
             try:

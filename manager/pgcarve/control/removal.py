@@ -18,14 +18,16 @@ from pgcarve.virt.host import GuestInfo
 log = logging.getLogger(__name__)
 
 
-def remove_guest(fleet: Fleet, info: GuestInfo) -> None:
-    """Power a guest off, forget it and delete its volumes (its data goes)."""
+def remove_guest(fleet: Fleet, info: GuestInfo, keep_address: bool = False) -> None:
+    """Power a guest off, forget it and delete its volumes (its data goes); `keep_address`: its
+    fixed address stays reserved (it is built again under the same name)."""
     lv = fleet.hosts[info.host]
     fleet.planned_stops.will_stop(info.name)
     lv.destroy(info.name)
     for volume in (disk_volume(info.name), seed_volume(info.name)):
         lv.storage.delete_volume(volume)
-    release_address(fleet, info.host, info.name)
+    if not keep_address:
+        release_address(fleet, info.host, info.name)
     fleet.forwards.remove(info.name)
 
 
