@@ -26,6 +26,7 @@ from pgcarve.control.fleet import Fleet, Guest, Progress
 from pgcarve.control.provisioning import Provisioner, Readiness
 from pgcarve.control.retired import retired_instances
 from pgcarve.control.retirement import purge
+from pgcarve.control.roles_guard import configured_roles
 from pgcarve.control.scaler import Scaler
 from pgcarve.errors import PgcarveError
 from pgcarve.guest.seed import write_seed_iso
@@ -71,7 +72,8 @@ def primary_spec(provisioner: Provisioner, host: HostConfig, index: int, image: 
     """The DomainSpec the provisioner builds for instance `index`'s primary (its slot from the plan)."""
     fleet = provisioner.fleet
     name = instance_name(fleet.config.fleet, index)
-    meta = InstanceMetadata(fleet=fleet.config.fleet, cluster=name, role="primary", index=index)
+    meta = InstanceMetadata(fleet=fleet.config.fleet, cluster=name, role="primary", index=index,
+                            roles=configured_roles(fleet.config))
     return provisioner.domain_spec(host, name, meta, image, fleet.domain_types.of(host.name))
 
 

@@ -38,6 +38,7 @@ locals {
       name          = name
       numa_node     = i.numa_node
       role          = i.metadata.role
+      roles         = i.metadata.roles
       standby       = i.metadata.standby
       vcpu_pins     = i.vcpu_pins
     })

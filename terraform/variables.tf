@@ -62,12 +62,13 @@ variable "instances" {
       fleet      = string
       index      = number
       role       = string
+      roles      = optional(string)
       standby    = number
     })
     numa_node = optional(number)
     vcpu_pins = list(number)
   }))
-  description = "The guests to create, keyed by guest name, as planned by `pgcarve plan --host NAME --format tfvars`: primaries on a primary host, standbys on a standby host (at most one guest per instance on a host). vCPU k is pinned to host CPU vcpu_pins[k], emulator threads to emulator_cpus, memory bound to numa_node (null: unbound). address is the guest's planned IPv4 address, reserved for its MAC in the network's DHCP server (other guests' seeds name it). metadata is the <pgcarve:instance> element the manager reads back: role primary (standby 0, keyed by its instance's name, metadata.cluster) or standby (standby 1-4, keyed <cluster>-s<standby>)."
+  description = "The guests to create, keyed by guest name, as planned by `pgcarve plan --host NAME --format tfvars`: primaries on a primary host, standbys on a standby host (at most one guest per instance on a host). vCPU k is pinned to host CPU vcpu_pins[k], emulator threads to emulator_cpus, memory bound to numa_node (null: unbound). address is the guest's planned IPv4 address, reserved for its MAC in the network's DHCP server (other guests' seeds name it). metadata is the <pgcarve:instance> element the manager reads back: role primary (standby 0, keyed by its instance's name, metadata.cluster) or standby (standby 1-4, keyed <cluster>-s<standby>); roles is who decides the instance's roles, manager or patroni (left out, as in variables planned by an earlier release: the manager)."
 
   validation {
     condition     = alltrue([for name, i in var.instances : can(regex("^[a-z][a-z0-9-]{0,62}$", name))])
@@ -127,6 +128,11 @@ variable "instances" {
   validation {
     condition     = alltrue([for i in values(var.instances) : contains(["primary", "standby"], i.metadata.role)])
     error_message = "metadata.role must be \"primary\" or \"standby\"."
+  }
+
+  validation {
+    condition     = alltrue([for i in values(var.instances) : i.metadata.roles == null ? true : contains(["manager", "patroni"], i.metadata.roles)])
+    error_message = "metadata.roles must be \"manager\" or \"patroni\" (who decides the instance's roles; left out, as in variables planned by an earlier release: the manager)."
   }
 
   validation {

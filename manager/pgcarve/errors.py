@@ -44,6 +44,12 @@ class Conflict(PgcarveError):
     """The request conflicts with work in progress (e.g. another scale operation)."""
 
 
+class RolesMismatch(Conflict):
+    """An instance was made under the other decider of roles than the hosts file's
+    replication.roles (control/roles_guard.py): pgcarve does not act on it; the message says why
+    and what to do."""
+
+
 class FailoverRefused(PgcarveError):
     """No standby can be proven to hold every acknowledged commit: nothing was promoted."""
 

@@ -27,6 +27,7 @@ from typing import Any
 from pgcarve.config import HostConfig
 from pgcarve.control.fleet import Fleet
 from pgcarve.control.provisioning import Provisioner
+from pgcarve.control.roles_guard import configured_roles
 from pgcarve.control.sync import initial_record, names_for
 from pgcarve.errors import ConfigError
 from pgcarve.guest.image import LocalImage
@@ -103,6 +104,7 @@ def tfvars_document(fleet: Fleet, host: str, instances: int) -> dict[str, Any]:
                 "fleet": meta.fleet,
                 "index": meta.index,
                 "role": meta.role,
+                "roles": meta.roles,
                 "standby": meta.standby,
             },
             "numa_node": spec.numa_node,
@@ -147,7 +149,7 @@ def _planned_guest(fleet: Fleet, provisioner: Provisioner, host: HostConfig,
     # laid out by Terraform do not archive yet (README, Backups).
     seed = replace(seed, replication_peers=tuple(a for g, a in addresses.items() if g != guest), backup=None)
     meta = InstanceMetadata(fleet=config.fleet, cluster=name, role="primary" if not number else "standby",
-                            index=index, standby=number, created_by="terraform")
+                            index=index, standby=number, created_by="terraform", roles=configured_roles(config))
     return meta, seed, addresses[guest]
 
 

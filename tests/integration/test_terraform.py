@@ -266,7 +266,8 @@ def manager_spec(doc: dict[str, Any], name: str, kernel: str, initrd: str) -> Do
     return DomainSpec(
         name=name, domain_type=doc["domain_type"],
         metadata=InstanceMetadata(fleet=meta["fleet"], cluster=meta["cluster"], role=meta["role"],
-                                  index=meta["index"], standby=meta["standby"], created_by=meta["created_by"]),
+                                  index=meta["index"], standby=meta["standby"], created_by=meta["created_by"],
+                                  roles=meta["roles"]),
         memory_mib=planned["memory_mib"], vcpu_pins=tuple(planned["vcpu_pins"]),
         emulator_cpus=tuple(planned["emulator_cpus"]), numa_node=planned["numa_node"], hugepages=planned["hugepages"],
         kernel=kernel, initrd=initrd,

@@ -23,13 +23,13 @@ class RecordingKeeper:
         self.calls.append(f"lease {inst.name}")
 
 
-def watch_over_one_instance() -> tuple[PrimaryWatch, InstanceLocks, RecordingKeeper]:
+def watch_over_one_instance(roles_mismatch: str | None = None) -> tuple[PrimaryWatch, InstanceLocks, RecordingKeeper]:
     locks = InstanceLocks()
     fleet: Any = SimpleNamespace(
         locks=locks, sync_records=None,
         config=SimpleNamespace(replication=SimpleNamespace(standbys=2),
                                recovery=SimpleNamespace(sync_switch_after_s=3.0)))
-    inst: Any = SimpleNamespace(index=1, name="pgc-01", primary=object())
+    inst: Any = SimpleNamespace(index=1, name="pgc-01", primary=object(), roles_mismatch=roles_mismatch)
     watch = PrimaryWatch(fleet, lambda: [inst])
     keeper = RecordingKeeper()
     watch.keeper = keeper  # type: ignore[assignment]
@@ -56,3 +56,10 @@ def test_the_sync_set_is_kept_while_a_repair_mends_standbys_only() -> None:
             watch.pass_once()
         watch.pass_once()  # the repair goes on to something else: the lease only again
     assert keeper.calls == ["keep pgc-01", "lease pgc-01"]
+
+
+def test_an_instance_made_under_the_other_decider_of_roles_is_not_touched() -> None:
+    """Neither its synchronous set nor the manager's lease on it (control/roles_guard.py)."""
+    watch, _locks, keeper = watch_over_one_instance(roles_mismatch="pgc-01 was made under Patroni's roles ...")
+    watch.pass_once()
+    assert keeper.calls == []

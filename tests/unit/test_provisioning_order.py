@@ -33,8 +33,10 @@ class Recorder(Provisioner):
     """The real orchestration; every step that would touch libvirt or a guest is written down."""
 
     def __init__(self, events: list[str], early_address: str = "10.77.0.5", answering_address: str = "10.77.0.5",
-                 old_lease: str | None = None, reserved: str | None = None, standby_image: str = "base-1"):
+                 old_lease: str | None = None, reserved: str | None = None, standby_image: str = "base-1",
+                 roles: str = "manager"):
         self.events = events
+        self.roles_recorded: dict[str, str] = {}  # guest -> who decides roles, as its metadata says
         self.early_address, self.answering_address = early_address, answering_address
 
         def reserve(network: str, mac: str) -> str | None:
@@ -48,7 +50,7 @@ class Recorder(Provisioner):
                  for name in ("h0", "h1", "h2")}
         images = {"h0": "base-1", "h1": standby_image, "h2": standby_image}
         fleet = SimpleNamespace(
-            config=SimpleNamespace(fleet="pgc", replication=None), patroni=None,
+            config=SimpleNamespace(fleet="pgc", replication=SimpleNamespace(roles=roles)), patroni=None,
             images=SimpleNamespace(on=lambda host: SimpleNamespace(disk=images[host])),
             placement=SimpleNamespace(hosts_for=lambda index: (
                 HostConfig(name="h0", uri="test:///default"),
@@ -76,6 +78,7 @@ class Recorder(Provisioner):
     def create_guest(self, host: HostConfig, name: str, meta: InstanceMetadata, seed: Any,
                      progress: Progress) -> None:
         self.events.append(f"start {name}" + (f" ({seed})" if meta.role == "standby" else ""))
+        self.roles_recorded[name] = meta.roles
 
     def wait_address(self, host: HostConfig, name: str, progress: Progress) -> Guest:
         self.events.append(f"address {name}")
@@ -120,6 +123,14 @@ def test_standbys_start_with_their_primary_at_its_reserved_address_and_stream_af
         assert events.index("complete pgc-01") < events.index(f"slot pgcarve_pgc_01_s{n}") \
             < events.index(f"ready pgc-01-s{n}")
     assert events[-3:] == ["streaming", "complete pgc-01-s1", "complete pgc-01-s2"]
+
+
+@pytest.mark.parametrize("roles", ["manager", "patroni"])
+def test_every_new_guest_records_who_decides_the_fleets_roles(events: list[str], roles: str) -> None:
+    """Each guest's metadata says under which decider of roles it was made (control/roles_guard.py)."""
+    recorder = Recorder(events, reserved="10.77.0.5", roles=roles)
+    recorder.create_instance(1)
+    assert recorder.roles_recorded == {"pgc-01": roles, "pgc-01-s1": roles, "pgc-01-s2": roles}
 
 
 def test_a_standby_host_with_another_image_version_clones_instead(events: list[str]) -> None:

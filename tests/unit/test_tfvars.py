@@ -256,7 +256,7 @@ def test_standby_hosts_get_the_standbys_with_everything_planned(tmp_path: Path, 
         for name, p in first["instances"].items():
             index, number = p["metadata"]["index"], p["metadata"]["standby"]
             assert p["metadata"] == {"cluster": instance_name("tst", index), "created_by": "terraform", "fleet": "tst",
-                                     "index": index, "role": "standby", "standby": number}
+                                     "index": index, "role": "standby", "roles": "manager", "standby": number}
             assert p["vcpu_pins"] == list(fleet.placement.slot("s0", index)[1].host_cpus)
             seed = instance_json(name)
             assert seed["role"] == "standby" and seed["create_slot"] is True
@@ -425,7 +425,8 @@ def manager_spec(doc: dict[str, Any], name: str) -> DomainSpec:
     return DomainSpec(
         name=name, domain_type=doc["domain_type"],
         metadata=InstanceMetadata(fleet=meta["fleet"], cluster=meta["cluster"], role=meta["role"],
-                                  index=meta["index"], standby=meta["standby"], created_by=meta["created_by"]),
+                                  index=meta["index"], standby=meta["standby"], created_by=meta["created_by"],
+                                  roles=meta["roles"]),
         memory_mib=planned["memory_mib"], vcpu_pins=tuple(planned["vcpu_pins"]),
         emulator_cpus=tuple(planned["emulator_cpus"]), numa_node=planned["numa_node"], hugepages=planned["hugepages"],
         kernel=f"{doc['pool_path']}/pgcarve-tf-vmlinuz-{tag}", initrd=f"{doc['pool_path']}/pgcarve-tf-initrd-{tag}",

@@ -16,6 +16,7 @@ from pgcarve.backup import pgbackrest
 from pgcarve.backup.catalog import BackupRecord, BackupType, StanzaCatalog
 from pgcarve.control.fleet import Fleet, Guest, Instance
 from pgcarve.control.operations import Operation, OperationQueue
+from pgcarve.control.roles_guard import refuse
 from pgcarve.errors import ConfigError, GuestCommandFailed, GuestNotReady
 from pgcarve.virt.agent import run_in_guest
 
@@ -45,9 +46,11 @@ class Backups:
 
     def request(self, name: str, kind: str) -> Operation:
         """Queue a backup of instance `name` (full, diff or incr): NotFound for no such instance,
-        ConfigError for another type or a fleet without a backup section, before anything runs."""
+        ConfigError for another type or a fleet without a backup section, RolesMismatch for an
+        instance pgcarve does not act on, before anything runs."""
         backup_type = self.type_of(kind)
         inst = self.fleet.instance(name, with_endpoints=False)
+        refuse(inst.roles_mismatch)
         return self.operations.submit("backup", inst.index, {"instance": inst.name, "type": backup_type.value})
 
     def catalog_of(self, name: str) -> StanzaCatalog:
@@ -119,7 +122,8 @@ class Backups:
     def take(self, inst: Instance, kind: BackupType, progress: Progress) -> BackupTaken:
         """Make sure the instance's stanza exists and archiving works, then take a backup; the new
         backup's record. A diff or incr without a full backup before it becomes a full one (the
-        tool's rule), and the record says so."""
+        tool's rule), and the record says so. RolesMismatch for an instance pgcarve does not act on."""
+        refuse(inst.roles_mismatch)
         self._require_configured()
         guest = self._guest(inst)
         progress("creating the stanza (if new)", 0.05)

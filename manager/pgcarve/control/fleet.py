@@ -17,6 +17,7 @@ from dataclasses import dataclass, replace
 from pgcarve.config import FleetConfig, HostConfig
 from pgcarve.control.locks import InstanceLocks, PlannedStops
 from pgcarve.control.patroni_roles import PatroniClusters
+from pgcarve.control.roles_guard import configured_roles, mismatch
 from pgcarve.control.sync_record import SyncRecord, SyncRecords
 from pgcarve.errors import ConfigError, GuestNotReady, HostUnreachable, NotFound
 from pgcarve.guest.credentials import Credentials, InstanceSecrets, InstanceSecretStore, load_credentials
@@ -63,6 +64,8 @@ class Instance:
 
     ``stale`` are guests whose metadata still says primary while another is the instance's
     recorded primary: a primary fenced or lost in a failover, to become a standby again (or go).
+    ``roles_mismatch``: why pgcarve does not act on it, when its guests were made under another
+    decider of roles than the hosts file's (control/roles_guard.py); None when they were not.
     """
 
     index: int
@@ -70,6 +73,7 @@ class Instance:
     primary: Guest | None
     standbys: tuple[Guest, ...]
     stale: tuple[Guest, ...] = ()
+    roles_mismatch: str | None = None
 
     @property
     def guests(self) -> tuple[Guest, ...]:
@@ -259,9 +263,11 @@ class Fleet:
 
     def _assemble(self, index: int, members: list[GuestInfo], with_endpoints: bool = True) -> Instance:
         name = instance_name(self.config.fleet, index)
-        if self.patroni is not None:
+        mismatched = mismatch(name, ((g.name, g.metadata.roles) for g in members), configured_roles(self.config))
+        if self.patroni is not None and mismatched is None:
             # Patroni's leader key is the one authority; a guest's metadata role is only the one
-            # it was made with.
+            # it was made with. (An instance made under the manager's roles has no key: it is
+            # shown as its metadata and sync record say, and left alone.)
             leader = self.patroni.leader(name)
             primary = next((g for g in members if g.name == leader), None)
             stale: list[GuestInfo] = []
@@ -278,6 +284,7 @@ class Fleet:
             primary=self.reach(primary, with_endpoints) if primary else None,
             standbys=tuple(self.reach(g, with_endpoints) for g in standbys),
             stale=tuple(self.reach(g, with_endpoints) for g in stale),
+            roles_mismatch=mismatched,
         )
 
     def instance(self, name: str, with_endpoints: bool = True) -> Instance:

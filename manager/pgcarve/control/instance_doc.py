@@ -47,8 +47,9 @@ def instance_document(service: ManagerService, inst: Instance) -> dict[str, Any]
         "primary": primary.name if primary else None,
         "host": primary.info.host if primary else None,
         "writes": _writes(service, inst, rows),
-        "incident": incidents[-1].what + ": " + (incidents[-1].message or incidents[-1].status)
-        if incidents else None,
+        # An instance pgcarve leaves alone says why (control/roles_guard.py), before any incident.
+        "incident": inst.roles_mismatch or (incidents[-1].what + ": " + (incidents[-1].message or incidents[-1].status)
+                                            if incidents else None),
         "state": service.fleet.locks.busy(inst.index) if building else (primary.info.state if primary
                                                                       else "missing"),
         "vcpus": list(primary.host_cpus) if primary else [],

@@ -53,8 +53,8 @@ class PrimaryWatch:
     def pass_once(self) -> None:
         """One pass over every instance (also what tests call)."""
         for inst in self.view():
-            if not self.fleet.config.replication.standbys or inst.primary is None:
-                continue
+            if not self.fleet.config.replication.standbys or inst.primary is None or inst.roles_mismatch:
+                continue  # (an instance made under Patroni is Patroni's: control/roles_guard.py)
             with self.fleet.locks.try_exclusive(inst.index, "keeping the synchronous set") as held:
                 try:
                     if not held and not self.fleet.locks.keeper_welcome(inst.index):

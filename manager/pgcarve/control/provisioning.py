@@ -32,6 +32,7 @@ from pgcarve.control.boot_watch import REBUILDING, Boot, started, wait_sql
 from pgcarve.control.capacity import require_free_space
 from pgcarve.control.fleet import Fleet, Guest, Instance, Progress, no_progress
 from pgcarve.control.removal import after_failed_create, remove_guest
+from pgcarve.control.roles_guard import configured_roles
 from pgcarve.control.sync import initial_record, names_for
 from pgcarve.control.sync_record import SyncRecord
 from pgcarve.errors import GuestNotReady, GuestStuck, PgcarveError
@@ -238,7 +239,8 @@ class Provisioner:
         name = instance_name(fleet_name, index)
         primary_host, standby_hosts = self.fleet.placement.hosts_for(index)
         standby_names = [standby_name(fleet_name, index, s) for s in range(1, len(standby_hosts) + 1)]
-        meta = InstanceMetadata(fleet=fleet_name, cluster=name, role="primary", index=index)
+        meta = InstanceMetadata(fleet=fleet_name, cluster=name, role="primary", index=index,
+                                roles=configured_roles(self.fleet.config))
         if self.fleet.patroni is not None:
             # Keys an earlier instance of this name left would make the new primary wait for a
             # leader that is gone instead of bootstrapping.
@@ -332,8 +334,10 @@ class Provisioner:
         """Disk, seed and domain of standby `name`, started: its seed names `primary`'s address,
         which need not answer yet (the guest retries until it can)."""
         meta = primary.info.metadata
+        # Its seed is made under the fleet's decider of roles (an instance made under the other one
+        # gets no new guest: control/roles_guard.py).
         smeta = InstanceMetadata(fleet=meta.fleet, cluster=meta.cluster, role="standby", index=meta.index,
-                                 standby=number)
+                                 standby=number, roles=configured_roles(self.fleet.config))
         self.create_guest(host, name, smeta, self.standby_seed(name, primary, from_image=from_image), progress)
         progress(name, f"booting; {'streams' if from_image else 'clones'} once {primary.name} answers", 0.25)
 

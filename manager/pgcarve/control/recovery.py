@@ -37,6 +37,7 @@ from pgcarve.control.repair_steps import (
     left_to_owner,
     manager_may,
 )
+from pgcarve.control.roles_guard import refuse
 from pgcarve.errors import CapacityError, GuestNotReady, PgcarveError
 from pgcarve.naming import standby_number
 from pgcarve.postgres import replication
@@ -168,6 +169,7 @@ class Repairer:
         inst = self.current(index)
         if inst is None:
             return RepairResult()
+        refuse(inst.roles_mismatch)  # (the supervisor never asks for one: control/roles_guard.py)
         if self.fleet.patroni is not None:
             return self._repair_machines(inst, progress, done)
         record = self.fleet.sync_records.get(inst.name)

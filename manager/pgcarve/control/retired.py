@@ -3,9 +3,11 @@
 A retired instance has no libvirt domain, only disks. Beside each kept disk a marker volume
 records the retirement, on the host, with the data:
 
-    <guest>.retired.<index>.<role>.<unix time>.<image tag>     role: primary | standby<N>
+    <guest>.retired.<index>.<role>.<unix time>.<image tag>.<roles>     role: primary | standby<N>
 
 so a manager that lost its state still sees it, and never takes a retired disk for an orphan.
+<roles> says who decided the instance's roles (its metadata's, control/roles_guard.py); a marker
+of an earlier release has none and reads as the manager's, as its guests' metadata does.
 Retiring, bringing back and purging are control/retirement.py.
 """
 
@@ -18,15 +20,16 @@ from collections.abc import Container, Iterable
 from dataclasses import dataclass, replace
 
 from pgcarve.control.fleet import Fleet
+from pgcarve.control.roles_guard import configured_roles, mismatch
 from pgcarve.errors import PgcarveError
 from pgcarve.naming import disk_volume, guest_of, instance_name
-from pgcarve.virt.domain_xml import InstanceMetadata
+from pgcarve.virt.domain_xml import EARLIER_ROLES, InstanceMetadata, Roles
 
 log = logging.getLogger(__name__)
 
 
 MARKER_RE = re.compile(r"^(?P<guest>[a-z0-9-]+)\.retired\.(?P<index>[0-9]+)\.(?P<role>primary|standby[0-9]+)"
-                       r"\.(?P<at>[0-9]+)\.(?P<tag>[0-9a-z]*)$")
+                       r"\.(?P<at>[0-9]+)\.(?P<tag>[0-9a-z]*)(\.(?P<roles>manager|patroni))?$")
 
 
 @dataclass(frozen=True)
@@ -41,14 +44,20 @@ class RetiredGuest:
     retired_at: float  # unix time
     image_tag: str
     disk_mib: int  # space its disk takes now
+    roles: Roles | None = None  # None: a marker of an earlier release (the manager's roles)
 
     @property
     def marker(self) -> str:
-        return marker_name(self.name, self.index, self.role, self.standby, self.retired_at, self.image_tag)
+        return marker_name(self.name, self.index, self.role, self.standby, self.retired_at, self.image_tag,
+                           self.roles)
+
+    @property
+    def decided_by(self) -> Roles:
+        return self.roles or EARLIER_ROLES
 
     def metadata(self, fleet: str) -> InstanceMetadata:
         return InstanceMetadata(fleet=fleet, cluster=instance_name(fleet, self.index), role=self.role,  # type: ignore[arg-type]
-                                index=self.index, standby=self.standby)
+                                index=self.index, standby=self.standby, roles=self.decided_by)
 
 
 @dataclass(frozen=True)
@@ -56,6 +65,7 @@ class RetiredInstance:
     name: str
     index: int
     guests: tuple[RetiredGuest, ...]
+    roles_mismatch: str | None = None  # as an Instance's (control/roles_guard.py)
 
     @property
     def retired_at(self) -> float:
@@ -69,9 +79,10 @@ class RetiredInstance:
         return sum(g.disk_mib for g in self.guests if g.host == host)
 
 
-def marker_name(guest: str, index: int, role: str, standby: int, at: float, tag: str) -> str:
+def marker_name(guest: str, index: int, role: str, standby: int, at: float, tag: str,
+                roles: Roles | None = None) -> str:
     role_text = "primary" if role == "primary" else f"standby{standby}"
-    return f"{guest}.retired.{index}.{role_text}.{int(at)}.{tag}"
+    return f"{guest}.retired.{index}.{role_text}.{int(at)}.{tag}" + (f".{roles}" if roles else "")
 
 
 def parse_marker(volume: str, host: str, disk_mib: int = 0) -> RetiredGuest | None:
@@ -82,7 +93,8 @@ def parse_marker(volume: str, host: str, disk_mib: int = 0) -> RetiredGuest | No
     return RetiredGuest(name=found["guest"], host=host, index=int(found["index"]),
                         role="primary" if role == "primary" else "standby",
                         standby=0 if role == "primary" else int(role.removeprefix("standby")),
-                        retired_at=float(found["at"]), image_tag=found["tag"], disk_mib=disk_mib)
+                        retired_at=float(found["at"]), image_tag=found["tag"], disk_mib=disk_mib,
+                        roles=found["roles"])  # type: ignore[arg-type]  # the pattern allows only the two
 
 
 # Hosts whose retired disks could not be listed: said once per outage, not on every read (the
@@ -112,8 +124,11 @@ def retired_instances(fleet: Fleet, only: str | None = None) -> list[RetiredInst
             log.info("host %s: its retired disks are listed again", host_name)
         for guest in found:
             by_index.setdefault(guest.index, []).append(replace(guest, disk_mib=sizes.get(disk_volume(guest.name), 0)))
+    roles = configured_roles(fleet.config)
     return [RetiredInstance(name=instance_name(fleet.config.fleet, index), index=index,
-                            guests=tuple(sorted(guests, key=lambda g: (g.standby, g.name))))
+                            guests=tuple(sorted(guests, key=lambda g: (g.standby, g.name))),
+                            roles_mismatch=mismatch(instance_name(fleet.config.fleet, index),
+                                                    ((g.name, g.decided_by) for g in guests), roles))
             for index, guests in sorted(by_index.items())]
 
 
@@ -141,7 +156,7 @@ def retired_doc(retired: RetiredInstance) -> dict[str, object]:
         "state": "retired",
         "writes": f"none: retired since {when}; its disks are kept ({retired.disk_mib} MiB): scaling up brings it "
                   f"back, `pgcarve purge {retired.name}` deletes it",
-        "incident": None,
+        "incident": retired.roles_mismatch,
         "vcpus": [],
         "memory_mib": 0,
         "dsn": None,

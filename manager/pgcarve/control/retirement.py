@@ -30,6 +30,7 @@ from pgcarve.control.fleet import Fleet, Guest, Instance, Progress, no_progress
 from pgcarve.control.provisioning import Provisioner
 from pgcarve.control.removal import forget_patroni_keys
 from pgcarve.control.retired import RetiredGuest, RetiredInstance, retired_instance, retired_instances
+from pgcarve.control.roles_guard import refuse
 from pgcarve.errors import Conflict, GuestNotReady, NotFound, PgcarveError
 from pgcarve.naming import application_name, disk_volume, index_of, seed_volume, slot_name
 from pgcarve.postgres import replication
@@ -49,8 +50,10 @@ def retire_instance(fleet: Fleet, instance: Instance, progress: Progress = no_pr
 
     New writes are refused first (read-only default, client sessions ended), then we wait until
     a synchronous standby has replayed the primary's last WAL position. If that does not happen
-    within `timeout_s` the fence is lifted again and the instance stays as it was.
+    within `timeout_s` the fence is lifted again and the instance stays as it was. An instance made
+    under another decider of roles than the fleet's is refused (RolesMismatch), nothing changed.
     """
+    refuse(instance.roles_mismatch)
     with fleet.locks.exclusive(instance.index, "retiring"):
         if fleet.patroni is not None and instance.primary is None:
             raise GuestNotReady(f"{instance.name} has no leader now ({_why_no_leader(fleet)}): retiring needs one, "
@@ -101,7 +104,7 @@ def _retire(fleet: Fleet, instance: Instance, progress: Progress) -> RetiredInst
         meta = guest.info.metadata
         rg = RetiredGuest(name=guest.name, host=guest.info.host, index=meta.index, role=meta.role,
                           standby=meta.standby, retired_at=at, image_tag=image_tag_of(guest.info.kernel) or "",
-                          disk_mib=0)
+                          disk_mib=0, roles=meta.roles)
         fleet.hosts[rg.host].storage.create_marker(rg.marker)
         retired.append(rg)
     progress(instance.name, "stopping guests (disks kept)", 0.8)
@@ -124,8 +127,10 @@ def _undefine_keeping_disks(fleet: Fleet, host: str, guest: str) -> None:
 def revive_instance(provisioner: Provisioner, retired: RetiredInstance, progress: Progress = no_progress) -> Instance:
     """Boot a retired instance from its own disks: the same guests, slots and metadata, all at
     once; lift the retirement's fence once its standbys stream, then drop the markers. A former
-    primary that a failover had replaced (stale) is defined but left off: the HA loop rejoins it."""
+    primary that a failover had replaced (stale) is defined but left off: the HA loop rejoins it.
+    One retired under another decider of roles than the fleet's is refused (RolesMismatch)."""
     fleet = provisioner.fleet
+    refuse(retired.roles_mismatch)
     with fleet.locks.exclusive(retired.index, "reviving"):
         if fleet.patroni is not None:
             _check_disks_kept(fleet, retired)

@@ -9,12 +9,15 @@ from pgcarve.control.failover import Failover
 from pgcarve.control.fleet import Fleet, Instance, Progress
 from pgcarve.control.patroni_roles_by_hand import RoleChange
 from pgcarve.control.provisioning import Provisioner
+from pgcarve.control.roles_guard import refuse
 from pgcarve.control.switchover import Switchover
 
 
 def run_role_change(fleet: Fleet, provisioner: Provisioner, inst: Instance, kind: str, to: str | None,
                     forced: bool, progress: Progress) -> RoleChange:
-    """Run a "switchover" or "failover" of `inst` to `to`; the operation's result and message."""
+    """Run a "switchover" or "failover" of `inst` to `to`; the operation's result and message.
+    RolesMismatch, nothing done, for an instance made under the other decider of roles."""
+    refuse(inst.roles_mismatch)
     if fleet.patroni is not None:
         if kind == "switchover":
             return patroni_hand.switchover(fleet, inst, to, progress)

@@ -19,6 +19,7 @@ from pgcarve.control.capacity import check_capacity
 from pgcarve.control.fleet import Fleet, Instance, Progress, no_progress
 from pgcarve.control.provisioning import Provisioner
 from pgcarve.control.retirement import RetiredInstance, retire_instance, retired_instances, revive_instance
+from pgcarve.control.roles_guard import refuse
 from pgcarve.errors import Conflict
 from pgcarve.naming import instance_name
 
@@ -54,7 +55,8 @@ class Scaler:
         self._busy = threading.Lock()
 
     def scale(self, target: int, progress: Progress = no_progress) -> ScalePlan:
-        """Scale to `target` instances; raises CapacityError/ConfigError before changing anything."""
+        """Scale to `target` instances; raises CapacityError/ConfigError, or RolesMismatch for an
+        instance to retire or bring back that pgcarve does not act on, before changing anything."""
         if not self._busy.acquire(blocking=False):
             raise Conflict("another scale operation is running")
         try:
@@ -63,7 +65,13 @@ class Scaler:
             guests = self.fleet.guests()
             retired = {r.index: r for r in retired_instances(self.fleet)}
             check_capacity(self.fleet, target, guests, tuple(retired.values()))
-            plan = plan_scale(self.fleet.observe(with_endpoints=False, guests=guests), target, tuple(retired))
+            instances = self.fleet.observe(with_endpoints=False, guests=guests)
+            plan = plan_scale(instances, target, tuple(retired))
+            # An instance to retire or bring back that was made under the other decider of roles
+            # stops the whole scale before anything changes (control/roles_guard.py).
+            for mismatched in [i.roles_mismatch for i in instances if i.index in plan.retire] + [
+                    retired[i].roles_mismatch for i in plan.revive]:
+                refuse(mismatched)
             for index in plan.retire:
                 # Read again, alone (the instance may have changed since the listing): retiring
                 # reaches its guests, and reading only them keeps a scale-down linear.

@@ -31,6 +31,7 @@ from pgcarve.control.removal import discard_half_made
 from pgcarve.control.retired import retired_doc, retired_instances
 from pgcarve.control.retirement import finish_interrupted, purge
 from pgcarve.control.role_changes import run_role_change
+from pgcarve.control.roles_guard import refuse
 from pgcarve.control.scaler import Scaler
 from pgcarve.control.supervisor import Incident, Supervisor
 from pgcarve.control.switchover import Switchover
@@ -306,9 +307,11 @@ class ManagerService:
                 "volumes": [f"{g.name} on {g.host}" for g in retired.guests]}
 
     def _instance(self, name: str) -> Instance:
+        """Instance `name` to change by hand: NotFound, or RolesMismatch for one pgcarve does not act on."""
         inst = next((i for i in self.view.instances if i.name == name), None)
         if inst is None:
             raise NotFound(f"no instance named {name!r}")
+        refuse(inst.roles_mismatch)
         return inst
 
     def request_failover(self, name: str, to: str | None, forced: bool) -> Operation:

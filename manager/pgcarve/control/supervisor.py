@@ -32,6 +32,7 @@ from pgcarve.control.primary_watch import PrimaryWatch
 from pgcarve.control.provisioning import Provisioner
 from pgcarve.control.recovery import Repairer
 from pgcarve.control.repair_steps import RepairIncomplete, RepairStep, decisive
+from pgcarve.control.roles_guard import guest_left_alone, left_alone
 from pgcarve.errors import CapacityError, NotFound, PgcarveError
 from pgcarve.postgres import replication
 from pgcarve.virt.events import GuestEvent, LifecycleWatch
@@ -126,8 +127,7 @@ class Supervisor:
             self.watch.start()
 
     def stop(self, wait_s: float = 2.0) -> None:
-        """Stop the loop and the event watches, waiting up to `wait_s` for each watch to let go of
-        its connection."""
+        """Stop the loop and the event watches, waiting up to `wait_s` for each to let go of its connection."""
         self._stop.set()
         self._events.put(None)
         self.watch.stop()
@@ -205,7 +205,7 @@ class Supervisor:
             log.error("host %s: could not look up %s after a lifecycle event: %s", event.host, event.name, exc)
             return
         meta = info.metadata
-        if meta.fleet != self.fleet.config.fleet or info.creating:
+        if meta.fleet != self.fleet.config.fleet or info.creating or guest_left_alone(info, self.fleet.config):
             return
         incident = self._record(meta.index, info.name, info.host, meta.role, f"{meta.role} {event.kind}",
                                 event.cause, event.at, "event")
@@ -257,7 +257,7 @@ class Supervisor:
     def _problems(self, inst: Instance) -> list[tuple[str, str, str, str, str]]:
         """(guest, host, role, what, cause) for each part of the instance that is not as it should be."""
         members = inst.guests
-        if not members or any(g.info.creating for g in members):
+        if not members or any(g.info.creating for g in members) or left_alone(inst.roles_mismatch):
             return []
         if self.fleet.patroni is not None:
             return self._machine_problems(inst)

@@ -32,6 +32,10 @@ IDENT_RE = re.compile(r"^[A-Za-z0-9_.-]{1,128}$")
 DomainType = Literal["kvm", "qemu"]
 Role = Literal["primary", "standby"]
 CreatedBy = Literal["manager", "terraform"]
+Roles = Literal["manager", "patroni"]  # who decides the instance's roles (replication.roles)
+# A domain without the attribute was made by a release before it existed, under the manager's roles
+# (their default; only test fleets ran Patroni then).
+EARLIER_ROLES: Roles = "manager"
 
 
 @dataclass(frozen=True)
@@ -47,6 +51,7 @@ class InstanceMetadata:
     index: int  # instance number, 1-based; scale-down removes the highest first
     standby: int = 0  # 0 for the primary, 1.. for standbys in sync priority order
     created_by: CreatedBy = "manager"
+    roles: Roles = EARLIER_ROLES  # who decides roles in the instance the guest was made for
 
     def __post_init__(self) -> None:
         if not FLEET_RE.fullmatch(self.fleet):
@@ -59,6 +64,8 @@ class InstanceMetadata:
             raise ConfigError(f"role {self.role!r} must be primary or standby")
         if self.index < 1 or self.standby < 0 or (self.role == "standby") != (self.standby > 0):
             raise ConfigError(f"inconsistent instance numbering: index {self.index}, standby {self.standby}")
+        if self.roles not in ("manager", "patroni"):
+            raise ConfigError(f"roles {self.roles!r} must be manager or patroni")
 
     def element(self) -> ET.Element:
         return ET.Element(
@@ -70,6 +77,7 @@ class InstanceMetadata:
                 "index": str(self.index),
                 "standby": str(self.standby),
                 "created-by": self.created_by,
+                "roles": self.roles,
             },
         )
 
@@ -90,6 +98,7 @@ class InstanceMetadata:
                 index=int(element.attrib["index"]),
                 standby=int(element.attrib.get("standby", "0")),
                 created_by=element.attrib.get("created-by", "manager"),  # type: ignore[arg-type]
+                roles=element.attrib.get("roles", EARLIER_ROLES),  # type: ignore[arg-type]  # validated too
             )
         except (KeyError, ValueError) as exc:
             raise ConfigError(f"pgcarve metadata is incomplete or malformed: {exc}") from None

@@ -37,6 +37,7 @@ variable "instances" {
       fleet      = string
       index      = number
       role       = string
+      roles      = optional(string)
       standby    = number
     })
     numa_node = optional(number)
