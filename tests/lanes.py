@@ -75,7 +75,7 @@ def guest_lane() -> list[Step]:
         # commands) is kept in the guest lane's report under tests/output/, not repeated here.
         pytest_step("guest tests", "guests", ["tests/integration", "-m", "integration", "-v", "--durations=10",
                                               "-o", "junit_logging=all",
-                                              *(f"--ignore={test}" for test in (*OWN_SANDBOX_TESTS, PATRONI_TEST))]),
+                                              *(f"--ignore={test}" for test in (*OWN_SANDBOX_TESTS, *PATRONI_TESTS))]),
     ]
 
 
@@ -84,7 +84,7 @@ def guest_lane() -> list[Step]:
 # time the guest lane leaves idle), rather than adding its minutes to the guest lane's. Patroni's
 # (`make test-patroni`) is not part of the run yet: see the Makefile.
 ADVICE_TEST = "tests/integration/test_advise.py"
-PATRONI_TEST = "tests/integration/test_patroni.py"
+PATRONI_TESTS = ("tests/integration/test_patroni.py", "tests/integration/test_patroni_faults.py")
 OWN_SANDBOX_TESTS = (ADVICE_TEST,)
 
 

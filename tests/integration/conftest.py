@@ -180,9 +180,16 @@ _STOP_CARVE_ENV: list[Callable[[], None]] = []
 SERIES_TIMERS = {"sweep_interval_s": 5, "retry_after_s": 10, "refollow_grace_s": 30}
 
 
+# Who decides roles in the shared series: the hosts file's default (the manager's HA loop), or
+# Patroni for its fault series (`make test-patroni` sets PGCARVE_IT_ROLES=patroni).
+SERIES_ROLES = os.environ.get("PGCARVE_IT_ROLES")
+
+
 def series_config(sandbox_config: FleetConfig) -> FleetConfig:
     raw = sandbox_config.model_dump(mode="json")
     raw["recovery"].update(SERIES_TIMERS)
+    if SERIES_ROLES:
+        raw["replication"]["roles"] = SERIES_ROLES
     return FleetConfig.model_validate(raw)
 
 

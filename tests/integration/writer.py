@@ -71,6 +71,11 @@ class AckedWriter:
             times = [since, *(t for t in self.acked_at if t > since)]
         return max((b - a for a, b in itertools.pairwise(times)), default=0.0)
 
+    def acked_between(self, start: float, end: float) -> int:
+        """How many commits were acknowledged from `start` to `end` (monotonic)."""
+        with self._lock:
+            return sum(1 for t in self.acked_at if start <= t <= end)
+
     def wait_for_acks(self, more: int, timeout_s: float, what: str) -> None:
         """Wait until `more` further commits are acknowledged."""
         target = self.count + more

@@ -49,3 +49,13 @@ def test_carved_cases_get_at_least_two_clients_per_primary() -> None:
               CaseGroup("m", with_size(base, vcpus=8, clusters=8), 1, 8, (("multi-instance", "multi-instance"),)))
     assert [g.clients for g in advisor.with_clients(groups, 4)] == [16, 4, 16]
     assert [g.clients for g in advisor.with_clients(groups, 64)] == [64, 64, 64]
+
+
+def test_case_fleets_run_the_managers_roles_even_in_a_patroni_fleet() -> None:
+    etcd = {"endpoints": ["https://127.0.0.1:2379"], "ca_file": "/ca.pem", "cert_file": "/c.pem", "key_file": "/k.pem"}
+    base = FleetConfig.model_validate({"hosts": [{"name": "h0", "uri": "test:///default"},
+                                                 {"name": "h1", "uri": "test:///default", "role": "standby"}],
+                                       "replication": {"standbys": 1, "roles": "patroni"}, "etcd": etcd})
+    assert base.replication.roles == "patroni"
+    assert with_size(base, vcpus=2).replication.roles == "manager"
+    assert with_size(base, vcpus=8, clusters=8).replication.roles == "manager"

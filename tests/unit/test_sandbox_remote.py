@@ -12,6 +12,7 @@ import pytest
 from pgcarve.config import FleetConfig
 from pgcarve.errors import SandboxError
 from pgcarve.sandbox import hosts as sandbox_hosts
+from pgcarve.sandbox.etcd import plan_members
 from pgcarve.sandbox.forward import ForwardRegistry
 from pgcarve.sandbox.hosts import Sandbox
 from pgcarve.sandbox.remote import ManagerSide, authorize, host_public_key, ssh_keygen, sshd_config
@@ -54,6 +55,24 @@ def test_backdoor_reaches_every_sandbox_host_through_its_socket(tmp_path: Path) 
     mixed = sandbox.backdoor(FleetConfig(**{**config.model_dump(), "hosts": [*config.hosts, foreign]}))
     assert mixed.hosts[-1].uri == "qemu+ssh://root@db9/system"
 
+
+
+def test_backdoor_reaches_the_sandbox_etcd_through_its_forwards(tmp_path: Path) -> None:
+    sandbox = ssh_sandbox(tmp_path, hosts=3)
+    for member in plan_members(sandbox.etcd.root, sandbox.tag, [(h.name, h.netns, f"10.76.0.{h.index + 1}")
+                                                                 for h in sandbox.hosts()]):
+        member.directory.mkdir(parents=True)
+        (member.directory / "member.json").write_text(member.to_json())
+    config = sandbox.fleet_config(3)
+    # The manager reaches the members on the wire, from its namespace.
+    assert config.etcd is not None and config.etcd.endpoints[0] == "https://10.76.0.1:2379"
+    inside = sandbox.backdoor(config).etcd
+    assert inside is not None and inside.endpoints == sandbox.etcd.config(direct=False).endpoints
+    assert all(url.startswith("https://127.0.0.1:") for url in inside.endpoints), inside.endpoints
+    assert (inside.ca_file, inside.timeout_s) == (config.etcd.ca_file, config.etcd.timeout_s)
+    # Another fleet's etcd is left as it is.
+    foreign = config.etcd.model_copy(update={"endpoints": ["https://db9:2379"]})
+    assert sandbox.backdoor(config.model_copy(update={"etcd": foreign})).etcd == foreign
 
 def test_manager_commands_enter_its_namespace_only_with_ssh(tmp_path: Path) -> None:
     sandbox = ssh_sandbox(tmp_path)

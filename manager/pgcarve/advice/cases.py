@@ -82,6 +82,10 @@ def with_size(config: FleetConfig, vcpus: int | None = None, standbys: int | Non
             repl_update["sync_count"] = min(config.replication.sync_count, standbys)
     if synchronous_commit is not None:
         repl_update["synchronous_commit"] = synchronous_commit
+    # A case's fleet is measured for minutes and thrown away: who would fail it over does not change
+    # its throughput, while Patroni's bootstrap adds minutes to every boot under emulation (and runs
+    # one cluster per guest, where the multi-instance case needs several). The manager's roles, then.
+    repl_update["roles"] = "manager"
     replication = config.replication.model_copy(update=repl_update)
     # No backup section: a case's guests are thrown away after their run, and archiving their WAL
     # would both load the guests being measured and leave a stanza per case in the repository.

@@ -26,8 +26,7 @@ log = logging.getLogger(__name__)
 _MADE_UNDER = {"manager": "the manager's roles (no Patroni in its guests)",
                "patroni": "Patroni's roles (Patroni in its guests, its leader key in etcd)"}
 _FILE_SAYS = {"manager": "the manager decides roles (replication.roles: manager)",
-              "patroni": "Patroni decides roles (replication.roles: patroni, also what it means when left out "
-                         "with an etcd section)"}
+              "patroni": "Patroni decides roles (replication.roles: patroni)"}
 _KEEP = {"manager": "Set replication.roles: manager in the hosts file to keep running it as it is",
          "patroni": "Set replication.roles: patroni in the hosts file (with its etcd section) to keep running it "
                     "as it is"}

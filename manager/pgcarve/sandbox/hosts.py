@@ -135,10 +135,17 @@ class Sandbox:
 
     def backdoor(self, config: FleetConfig) -> FleetConfig:
         """`config` with every sandbox host reached through its unix socket and forwards, for the
-        sandbox's own work from this machine (`down`, faults) whatever the transport."""
+        sandbox's own work from this machine (`down`, faults) whatever the transport; its etcd
+        members too (under Patroni `down` reads and removes keys), by their 127.0.0.1 forwards:
+        their wire addresses mean nothing here, and a request to them would leave for the real
+        network."""
         ours = {h.name: {"uri": h.uri, "reach": "sandbox", "netns": h.netns} for h in self.hosts()}
+        etcd = config.etcd
+        if etcd is not None and set(etcd.endpoints) == {m.client_url for m in self.etcd.members()}:
+            local = self.etcd.config(direct=False)
+            etcd = etcd.model_copy(update={"endpoints": local.endpoints, "guest_endpoints": local.guest_endpoints})
         return config.model_copy(update={"hosts": [host.model_copy(update=ours.get(host.name, {}))
-                                                   for host in config.hosts]})
+                                                   for host in config.hosts], "etcd": etcd})
 
     def host(self, index: int) -> SandboxHost:
         return SandboxHost(
