@@ -43,7 +43,7 @@ here=$(cd "$(dirname "$0")" && pwd)
 disk_size=${PGCARVE_IMAGE_SIZE:-4G}
 packages=(
   systemd-sysv udev dbus linux-image-cloud-amd64 initramfs-tools
-  "postgresql-$major" "postgresql-client-$major" cloud-init qemu-guest-agent
+  "postgresql-$major" "postgresql-client-$major" qemu-guest-agent
   iproute2 netbase procps python3
   # Patroni runs from pgcarve-patroni.service under replication.roles: patroni; its etcd3 client
   # needs python3-etcd, which Debian only recommends. pgBackRest is installed, not started yet.
@@ -122,7 +122,6 @@ version_of() { chroot "$root" dpkg-query -W -f='${Version}' "$1"; }
   echo "postgresql=$(version_of "postgresql-$major")"
   echo "patroni=$(version_of patroni)"
   echo "pgbackrest=$(version_of pgbackrest)"
-  echo "cloud_init=$(version_of cloud-init)"
 } > "$work/versions.env"
 
 echo "image: making ext4 filesystem ($disk_size) and qcow2"

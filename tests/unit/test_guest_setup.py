@@ -177,3 +177,19 @@ def test_a_standby_making_its_own_slot_makes_it_once_and_backs_off(guest_setup: 
     assert ["-C" in r for r in runs] == [True] * 6 + [False]
     assert all(seed.instance_json()["slot_name"] in r for r in runs)
     assert pauses == [1, 2, 4, 8, 8]
+
+
+def test_the_seeds_hostname_is_set_and_resolves_without_cloud_init(booted: dict[str, Any],
+                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    """The image runs no cloud-init: the script sets the seed's hostname and Debian's 127.0.1.1 line
+    itself, replacing the image's line and keeping the others."""
+    module = booted["module"]
+    ran: list[list[str]] = []
+    monkeypatch.setattr(module.subprocess, "run", lambda argv, **_kw: ran.append(list(argv)))
+    module.HOSTNAME_FILE.parent.mkdir(parents=True, exist_ok=True)
+    module.HOSTS_FILE.write_text("127.0.0.1\tlocalhost\n127.0.1.1\tpgcarve-guest\n::1\tlocalhost ip6-localhost\n")
+    module.set_hostname("pgc-01-s1")
+    assert module.HOSTNAME_FILE.read_text() == "pgc-01-s1\n"
+    assert module.HOSTS_FILE.read_text().splitlines() == ["127.0.0.1\tlocalhost", "::1\tlocalhost ip6-localhost",
+                                                          "127.0.1.1\tpgc-01-s1"]
+    assert ran == [["hostname", "pgc-01-s1"]]

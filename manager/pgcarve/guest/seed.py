@@ -1,8 +1,9 @@
 """What goes into a guest's NoCloud seed: identity, role, TLS and PostgreSQL configuration.
 
-The seed is the only channel from the manager into a new guest. cloud-init's write_files puts
-`instance.json` (mode 0600) in /etc/pgcarve/, where the image's pgcarve-guest-setup unit reads it
-before PostgreSQL starts (see images/rootfs/usr/local/sbin/pgcarve-guest-setup). Passwords travel
+The seed is the only channel from the manager into a new guest: a NoCloud seed whose cloud-config
+write_files entry carries `instance.json`, which the image's pgcarve-guest-setup unit reads from the
+seed disk and writes to /etc/pgcarve/ (mode 0600) before PostgreSQL starts (see
+images/rootfs/usr/local/sbin/pgcarve-guest-setup). Passwords travel
 as SCRAM-SHA-256 verifiers, never in plain text, except the replication password a standby needs
 to log in to its primary. The guest's server certificate and private key (from the fleet CA) and
 the CA's certificate travel in it too: the key exists only in this seed and in the guest.
