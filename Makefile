@@ -33,7 +33,7 @@ APT_PACKAGES := qemu-system-x86 qemu-utils libvirt-daemon-system libvirt-clients
 	postgresql-15 postgresql-client iproute2 openssh-server python3-venv python3-dev ca-certificates chromium prometheus linux-perf \
 	etcd-server etcd-client patroni
 
-.PHONY: help deps apt venv constraints image vendor tools demo down test test-faults test-patroni lint unit integration bench clean
+.PHONY: help deps apt venv constraints image vendor tools demo down test test-extended test-faults test-patroni lint unit integration bench clean
 
 help:
 	@echo "make demo   - install, build the guest image, start a $(DEMO_HOSTS)-host sandbox, carve $(DEMO_INSTANCES) instances,"
@@ -41,6 +41,7 @@ help:
 	@echo "make down   - stop everything demo started (guests, API, sandbox daemons, namespaces)"
 	@echo "make test   - install, then two lanes: the tests that boot guests, and beside them lint, unit,"
 	@echo "              local PostgreSQL, browser and monitoring tests; ends with where the time went"
+	@echo "make test-extended - what make test leaves out for CI's time: the advisor, and the sandbox over ssh"
 	@echo "make test-faults - only the fault tests (primary/standby killed, disk full, restarts)"
 	@echo "make test-patroni - Patroni deciding roles (replication.roles: patroni): its scenario and fault series"
 	@echo "make bench  - benchmarks (see README)"
@@ -117,6 +118,12 @@ unit: venv
 test:
 	@started=$$(date +%s); $(MAKE) --no-print-directory deps && \
 	  PGCARVE_SETUP_S=$$(( $$(date +%s) - started )) $(PYTHON) -m tests.lanes
+
+# Each on a sandbox of its own, left out of `make test` to keep it within CI's time on 2 cores
+# (tests/lanes.py, EXTENDED_TESTS): `pgcarve advise` (four case fleets, ten guests) and the sandbox
+# as production runs it, over ssh.
+test-extended: deps image
+	$(PY) -m pytest tests/integration/test_advise.py tests/integration/test_remote_hosts.py -m integration -v -s
 
 # The fault tests alone (make test runs them too): their own sandbox, an instance, then the faults.
 test-faults: deps image
