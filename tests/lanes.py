@@ -5,9 +5,8 @@ pytest process so that they share their fleets. The local lane, at a lower CPU p
 booting guests go first, runs lint and the unit tests (a failure there is printed within minutes,
 not after the fleets), builds (or finds) the Terraform tools, then runs every other test that
 needs no guest: the Terraform module's, local PostgreSQL servers, the dashboard in Chromium,
-Prometheus; last, once the image is there, the advisor's test, whose sandbox and fleets are its
-own. Neither lane waits for the other (the Terraform integration test waits for the tools
-if they are still being built); the run fails if any step failed.
+Prometheus. Neither lane waits for the other (the Terraform integration test, last in the guest
+lane, waits for the tools if they are still being built); the run fails if any step failed.
 
 The guest lane's output is streamed as it comes; each local step's output goes to a log file
 under tests/output/ and is printed in full when the step fails. At the end: one row per step
@@ -51,7 +50,6 @@ class Step:
     returncode: int | None = None
     log: Path | None = None
     needs_image: bool = False  # boots guests: waits for the guest lane's image step
-    niceness: int | None = None  # instead of its lane's
 
     @property
     def seconds(self) -> float:
@@ -80,18 +78,15 @@ def guest_lane() -> list[Step]:
     ]
 
 
-# Terraform's test boots a sandbox and a fleet of its own and shares nothing with the guest lane's:
-# it runs in the local lane once that lane's other steps are done (at its lower CPU priority, in the
-# time the guest lane leaves idle), rather than adding its minutes to the guest lane's.
-TERRAFORM_TEST = "tests/integration/test_terraform.py"
-OWN_SANDBOX_TESTS = (TERRAFORM_TEST,)
 # Not in `make test`, which must fit CI's machine (2 cores, guests under emulation): every guest
-# boot costs minutes of a core there. `make test-extended` runs these, each on a sandbox of its
-# own: the advisor (ten guests in four case fleets) and the sandbox over ssh, as production runs
-# it. Patroni's (`make test-patroni`) is not part of the run yet: see the Makefile.
+# boot costs minutes of a core there, and a second sandbox's boots beside the shared fleet's made
+# both crawl (a standby of the fleet's took 830 s to answer SQL beside the advisor's guests).
+# `make test-extended` runs these, each on a sandbox of its own: the advisor (ten guests in four
+# case fleets) and the sandbox over ssh, as production runs it. Patroni's (`make test-patroni`)
+# is not part of the run yet: see the Makefile.
 EXTENDED_TESTS = ("tests/integration/test_advise.py", "tests/integration/test_remote_hosts.py")
 PATRONI_TESTS = ("tests/integration/test_patroni.py", "tests/integration/test_patroni_faults.py")
-NOT_IN_GUEST_LANE = (*OWN_SANDBOX_TESTS, *EXTENDED_TESTS, *PATRONI_TESTS)
+NOT_IN_GUEST_LANE = (*EXTENDED_TESTS, *PATRONI_TESTS)
 
 
 # The unit tests of the Terraform module run its terraform and tflint: after the tools' build,
@@ -107,18 +102,7 @@ def local_lane() -> list[Step]:
         pytest_step("local tests", "local",
                     [NEEDS_TOOLS, "tests/integration", "tests/browser", "tests/monitoring", "-m", "not integration",
                      "-q", "--durations=10"]),
-        own_sandbox_step(),
     ]
-
-
-def own_sandbox_step() -> Step:
-    step = pytest_step("own-sandbox tests (guests)", "local",
-                       [*OWN_SANDBOX_TESTS, "-m", "integration", "-v", "-s", "-o", "junit_logging=all"])
-    step.needs_image = True
-    # Its guests boot at the guest lane's priority: at the local lane's, beside a busy guest lane, a
-    # boot would get a tenth of a core (CFS weights of nice 0 and 10) and outlast the test's waits.
-    step.niceness = 0
-    return step
 
 
 class Run:
@@ -165,7 +149,7 @@ class Run:
                 if not self.image_built:
                     self.say(step.lane, f"{step.name}: not run, the image was not built")
                     continue
-            self.run_step(step, stream, niceness if step.niceness is None else step.niceness)
+            self.run_step(step, stream, niceness)
             if step.name == "image":
                 self.image_built = step.returncode == 0
                 self.image_done.set()
