@@ -123,7 +123,8 @@ test:
 # (tests/lanes.py, EXTENDED_TESTS): `pgcarve advise` (four case fleets, ten guests) and the sandbox
 # as production runs it, over ssh.
 test-extended: deps image
-	$(PY) -m pytest tests/integration/test_advise.py tests/integration/test_remote_hosts.py -m integration -v -s
+	$(PY) -m pytest $$($(PYTHON) -c 'from tests.lanes import EXTENDED_TESTS; print(*EXTENDED_TESTS)') \
+	  -m integration -v -s
 
 # The fault tests alone (make test runs them too): their own sandbox, an instance, then the faults.
 test-faults: deps image

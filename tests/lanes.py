@@ -49,7 +49,6 @@ class Step:
     cpu_after: list[int] = field(default_factory=list)
     returncode: int | None = None
     log: Path | None = None
-    needs_image: bool = False  # boots guests: waits for the guest lane's image step
 
     @property
     def seconds(self) -> float:
@@ -109,8 +108,6 @@ class Run:
     def __init__(self) -> None:
         self.t0 = time.monotonic()
         self.print_lock = threading.Lock()
-        self.image_built: bool | None = None  # set by the guest lane's image step
-        self.image_done = threading.Event()
 
     def say(self, lane: str, text: str) -> None:
         elapsed = int(time.monotonic() - self.t0)
@@ -144,15 +141,7 @@ class Run:
 
     def run_lane(self, steps: list[Step], stream: bool, niceness: int) -> None:
         for step in steps:
-            if step.needs_image:
-                self.image_done.wait()
-                if not self.image_built:
-                    self.say(step.lane, f"{step.name}: not run, the image was not built")
-                    continue
             self.run_step(step, stream, niceness)
-            if step.name == "image":
-                self.image_built = step.returncode == 0
-                self.image_done.set()
             if step.returncode != 0 and step.name in ("image", "tools"):
                 # A failed build leaves nothing to test: the lane's tests are reported as not run.
                 self.say(step.lane, f"{step.name} failed: the rest of this lane is not run")
